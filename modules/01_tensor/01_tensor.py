@@ -1,0 +1,849 @@
+# ---
+# jupyter:
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # Module 01 — Tensors and the array backend
+#
+# A deep-learning library is, at its heart, a box of numbers with a shape.
+# In this module you build that box — the `Tensor` — and the thin layer under it
+# that decides *where* the numbers live (CPU memory or a GPU) and *which* array
+# library does the arithmetic.
+#
+# **You will**
+# 1. build a small *backend registry* that maps a device name such as `"cpu"` or
+#    `"cuda:0"` to an object that knows how to do array math on that device;
+# 2. decide how Python data becomes an array (which dtype? which device?);
+# 3. write the `Tensor` class: construction, shape/dtype/device, moving between
+#    devices, a readable `repr`, and factories such as `zeros` and `randn`;
+# 4. measure what a dtype costs in memory and what a copy between devices costs.
+#
+# Every operator on a tensor (`+`, `@`, `sum`, `exp`, …) is an *operation* with a
+# forward and a backward rule; you write those in Module 02. Here the operators
+# already work, because the package ships the reference operations.
+
+# %%
+import time
+
+import numpy as np
+
+import tinytrain as tt
+
+# %% [markdown]
+# ## 1. Backends: one object per device
+#
+# NumPy computes on the CPU. CuPy has (almost) the same functions, but its arrays
+# live in GPU memory. If every piece of tinytrain called `numpy.exp` directly,
+# moving a model to the GPU would mean rewriting it. Instead, all array math goes
+# through a **backend**: an object with
+#
+# * `xp` — the array namespace (`numpy` or `cupy`), so `backend.xp.exp(a)` works on
+#   either device;
+# * the few primitives the array namespaces spell differently or lack: host
+#   transfer (`to_host` / `from_host`), scatter-add, padding, and random numbers.
+#
+# A **registry** maps device names to backends. A device name is `kind` or
+# `kind:index`: `"cpu"`, `"cuda"` (same as `"cuda:0"`), `"cuda:1"`. Adding a new
+# device is one class plus one `register_backend` call — the tests use this to
+# plug in a *strict* device that refuses, like a real GPU, any silent conversion
+# to NumPy.
+
+# %% export="backend"
+"""Array backends: one object per device that does the array math for tensors.
+
+A backend bundles an array namespace ``xp`` (NumPy, CuPy, ...) with the few
+primitives those namespaces spell differently: host transfer, scatter-add,
+padding and random numbers. Tensors never import an array library themselves;
+they ask their backend. ``register_backend`` makes a new device kind available.
+"""
+import random
+from typing import Any, Callable
+
+import numpy as np
+
+DEFAULT_FLOAT = np.dtype("float32")
+
+
+class Backend:
+    """Array math for one device. Subclasses set ``xp`` and override what differs.
+
+    The reference implementation below is written for NumPy; CuPy and the strict
+    test device reuse it, since their namespaces mirror NumPy's.
+    """
+
+    kind = "cpu"
+
+    def __init__(self, device: str, xp: Any) -> None:
+        self.device = device
+        self.xp = xp
+        self.seed(_seed)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(device={self.device!r})"
+
+    # -- arrays --------------------------------------------------------------
+    def is_array(self, obj: Any) -> bool:
+        """True when ``obj`` is an array that lives on this backend's device."""
+        return isinstance(obj, np.ndarray)
+
+    def asarray(self, data: Any, dtype: Any = None) -> Any:
+        """An array on this device from host data (lists, scalars, NumPy arrays)."""
+        return self.xp.asarray(data, dtype=dtype)
+
+    def from_host(self, array: np.ndarray) -> Any:
+        """Copy a NumPy array onto this device."""
+        return self.xp.asarray(array)
+
+    def to_host(self, array: Any) -> np.ndarray:
+        """Copy an array of this device into a NumPy array."""
+        return np.asarray(array)
+
+    def scatter_add(self, target: Any, index: Any, values: Any) -> None:
+        """``target[index] += values`` in place, adding up repeated indices."""
+        np.add.at(target, index, values)
+
+    def pad(self, array: Any, pad_width: Any, value: float = 0.0) -> Any:
+        """Pad with a constant; ``pad_width`` as in ``numpy.pad``."""
+        return self.xp.pad(array, pad_width, mode="constant", constant_values=value)
+
+    # -- random numbers ------------------------------------------------------
+    def seed(self, seed: int | None) -> None:
+        """Restart this device's random generator from ``seed``."""
+        self.rng = np.random.default_rng(seed)
+
+    def random_normal(self, shape: tuple[int, ...], dtype: Any = DEFAULT_FLOAT) -> Any:
+        """Samples of N(0, 1)."""
+        return self.rng.standard_normal(shape, dtype=np.dtype(dtype))
+
+    def random_uniform(self, shape: tuple[int, ...], dtype: Any = DEFAULT_FLOAT) -> Any:
+        """Samples of U[0, 1)."""
+        return self.rng.random(shape, dtype=np.dtype(dtype))
+
+    def permutation(self, n: int) -> Any:
+        """A random permutation of ``range(n)`` as an int64 array."""
+        return self.rng.permutation(n)
+
+    def rng_state(self) -> dict:
+        """The generator's state as plain data (numbers, strings, dicts)."""
+        return self.rng.bit_generator.state
+
+    def set_rng_state(self, state: dict) -> None:
+        self.rng.bit_generator.state = state
+
+
+_seed: int | None = None  # the last manual_seed, so backends created later start from it too
+
+
+def manual_seed(seed: int) -> None:
+    """Seed Python's, NumPy's and every tinytrain backend's random generators."""
+    global _seed
+    _seed = seed
+    random.seed(seed)
+    np.random.seed(seed)
+    for backend in loaded_backends():
+        backend.seed(seed)
+
+
+class NumpyBackend(Backend):
+    """The CPU: NumPy arrays in host memory."""
+
+    def __init__(self, device: str = "cpu") -> None:
+        super().__init__(device, np)
+
+
+# %% [markdown]
+# ### Device names and the registry
+#
+# `parse_device("cuda")` returns `("cuda", 0)`, `parse_device("cpu")` returns
+# `("cpu", None)`. `get_backend(device)` normalises the name (`"cuda"` →
+# `"cuda:0"`), creates the backend the first time it is asked for, and returns the
+# **same object** every later time — so two tensors are on the same device exactly
+# when `a._backend is b._backend`, a check that costs nothing.
+#
+# An unknown device must fail loudly and say what *is* available.
+
+# %% export="backend"
+_FACTORIES: dict[str, Callable[[str], Backend]] = {}
+_BACKENDS: dict[str, Backend] = {}
+
+
+def register_backend(kind: str, factory: Callable[[str], Backend]) -> None:
+    """Make devices ``kind`` / ``kind:N`` available; ``factory(device)`` builds one."""
+    _FACTORIES[kind] = factory
+
+
+def parse_device(device: str) -> tuple[str, int | None]:
+    """Split ``"cuda:1"`` into ``("cuda", 1)``; ``"cpu"`` into ``("cpu", None)``.
+
+    Raises ``ValueError`` for a malformed name or an unknown kind of device.
+    """
+    ### BEGIN SOLUTION
+    if not isinstance(device, str):
+        raise TypeError(f"a device is a string such as 'cpu' or 'cuda:0', got {device!r}")
+    kind, _, index = device.partition(":")
+    if kind not in _FACTORIES:
+        raise ValueError(f"unknown device {device!r}; known device kinds: {', '.join(sorted(_FACTORIES))}")
+    if not index:
+        return kind, None
+    if not index.isdigit():
+        raise ValueError(f"malformed device {device!r}: the index after ':' must be a non-negative integer")
+    return kind, int(index)
+    ### END SOLUTION
+
+
+def get_backend(device: str | Backend | None = None) -> Backend:
+    """The (cached) backend for ``device``; ``None`` means ``"cpu"``."""
+    if isinstance(device, Backend):
+        return device
+    if device is None:
+        device = "cpu"
+    backend = _BACKENDS.get(device)
+    if backend is None:
+        ### BEGIN SOLUTION
+        kind, index = parse_device(device)
+        name = kind if kind == "cpu" else f"{kind}:{index or 0}"
+        backend = _BACKENDS.get(name)
+        if backend is None:
+            backend = _FACTORIES[kind](name)
+            _BACKENDS[name] = backend
+        _BACKENDS[device] = backend
+        ### END SOLUTION
+    return backend
+
+
+def loaded_backends() -> list[Backend]:
+    """Every backend created so far (for seeding and saving random states)."""
+    return list(dict.fromkeys(_BACKENDS.values()))
+
+
+def backend_of_array(array: Any) -> Backend | None:
+    """The loaded backend whose device holds ``array``, if any."""
+    for backend in loaded_backends():
+        if backend.is_array(array):
+            return backend
+    return None
+
+
+def _cuda_backend(device: str) -> Backend:
+    from tinytrain.cuda import CupyBackend  # imported only when a GPU is asked for
+
+    return CupyBackend(device)
+
+
+def _strict_backend(device: str) -> Backend:
+    from tinytrain.strict import StrictBackend
+
+    return StrictBackend(device)
+
+
+register_backend("cpu", NumpyBackend)
+register_backend("cuda", _cuda_backend)
+register_backend("strict", _strict_backend)
+
+# %% check=1
+assert parse_device("cpu") == ("cpu", None)
+assert parse_device("cuda:1") == ("cuda", 1)
+assert get_backend("cpu") is get_backend() is get_backend(None)
+assert get_backend("cpu").xp is np
+try:
+    parse_device("tpu")
+except ValueError as error:
+    assert "tpu" in str(error) and "cpu" in str(error), error
+else:
+    raise AssertionError("an unknown device must raise ValueError")
+print("registry OK")
+
+# %% [markdown]
+# ## 2. From Python data to an array: the dtype rules
+#
+# A tensor stores its numbers in one array of one **dtype**. Deep learning runs
+# on 32-bit floats: half the memory and roughly twice the speed of float64, with
+# more precision than gradient descent can use. Python floats and NumPy's default
+# float64 therefore become **float32**. Integers stay integers — as **int64** —
+# because class labels and indices must not silently turn into floats. Booleans
+# stay booleans. An explicit `dtype=` always wins.
+#
+# | input                         | dtype     |
+# |-------------------------------|-----------|
+# | `1.5`, `[0.1, 0.2]`, float64 array | float32 |
+# | float16 / float32 array       | unchanged |
+# | `3`, `[1, 2]`, int8/uint8/int32 array | int64 |
+# | `True`, bool array            | bool      |
+
+# %% export="tensor"
+"""The Tensor: an n-dimensional array on a device, plus what autograd needs.
+
+A ``Tensor`` wraps one array of its device's backend (``t.data``). Arithmetic
+operators and methods build :mod:`tinytrain.ops` operations, which record the
+computation graph that :mod:`tinytrain.autograd` differentiates.
+"""
+from typing import Any, Sequence
+
+import numpy as np
+
+from tinytrain import autograd, ops
+from tinytrain.backend import DEFAULT_FLOAT, Backend, backend_of_array, get_backend
+
+float16 = np.dtype("float16")
+float32 = np.dtype("float32")
+float64 = np.dtype("float64")
+int32 = np.dtype("int32")
+int64 = np.dtype("int64")
+bool_ = np.dtype("bool")
+
+
+def default_dtype(dtype: np.dtype) -> np.dtype:
+    """The dtype a tensor gets for data of ``dtype`` when none is asked for."""
+    ### BEGIN SOLUTION
+    if dtype == float64:
+        return DEFAULT_FLOAT
+    if dtype.kind in "iu":
+        return int64
+    return dtype
+    ### END SOLUTION
+
+
+# %% check=1
+assert default_dtype(np.dtype("float64")) == np.float32
+assert default_dtype(np.dtype("float16")) == np.float16
+assert default_dtype(np.dtype("uint8")) == np.int64
+assert default_dtype(np.dtype("bool")) == np.bool_
+print("dtype rules OK")
+
+# %% [markdown]
+# ## 3. The `Tensor` class
+#
+# A tensor holds
+#
+# * `data` — the array, owned by the tensor's backend;
+# * `requires_grad` — whether gradients should flow into it;
+# * `grad` — its gradient (a `Tensor`) after `backward()`, else `None`;
+# * `_ctx` — the operation that produced it (Module 02), `None` for a *leaf*;
+# * `_backend` — the backend of its device.
+#
+# `__slots__` keeps tensors small and attribute access fast: a training step
+# creates thousands of them.
+#
+# Constructing a tensor from data (`Tensor(data, dtype=, device=)`) has three
+# steps: find where the data lives now (a NumPy array is on the CPU, a CuPy array
+# on a GPU, a list is host data), copy it to the requested device, and cast it to
+# the dtype from the table above. The result never shares memory with the input,
+# so changing your NumPy array later cannot change the tensor. Operations create
+# their results with the cheap `Tensor._make`, which skips all of that.
+#
+# Operators are one-liners: each hands the arrays to an *operation* from
+# `tinytrain.ops` (written in Module 02). A Python number on the other side of an
+# operator becomes a 0-d array of the tensor's dtype, so `x * 2` stays float32.
+
+# %% export="tensor"
+Shape = tuple[int, ...]
+
+
+def _shape_arg(shape: tuple) -> Shape:
+    """Accept both ``f(2, 3)`` and ``f((2, 3))``."""
+    if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
+        shape = tuple(shape[0])
+    return tuple(int(n) for n in shape)
+
+
+def _axes_arg(axis: int | Sequence[int] | None, ndim: int) -> tuple[int, ...] | None:
+    """Normalise an axis argument to a tuple of non-negative axes (or ``None``)."""
+    if axis is None:
+        return None
+    axes = (axis,) if isinstance(axis, int) else tuple(axis)
+    for ax in axes:
+        if not -ndim <= ax < max(ndim, 1):
+            raise ValueError(f"axis {ax} is out of range for a tensor with {ndim} dimensions")
+    return tuple(ax % ndim if ndim else 0 for ax in axes)
+
+
+_constants: dict = {}
+
+
+def _constant(value: Any, dtype: np.dtype, backend: Backend) -> "Tensor":
+    """A shared, read-only 0-d tensor for a Python number.
+
+    ``x * 0.5`` in a training loop would otherwise build the same tiny array on
+    every step; caching it is a large share of a small operation's cost.
+    """
+    key = (value, dtype, backend)
+    constant = _constants.get(key)
+    if constant is None:
+        if len(_constants) > 1024:  # e.g. a learning rate that changes every step
+            _constants.clear()
+        constant = Tensor._make(backend.asarray(value, dtype=dtype), backend)
+        _constants[key] = constant
+    return constant
+
+
+class Tensor:
+    """An n-dimensional array on a device, with an optional gradient."""
+
+    __slots__ = ("data", "grad", "requires_grad", "_ctx", "_backend")
+    __array_ufunc__ = None  # `ndarray + Tensor` defers to Tensor.__radd__
+    __hash__ = object.__hash__  # `==` builds a tensor, so hash by identity
+
+    def __init__(self, data: Any, requires_grad: bool = False, dtype: Any = None, device: Any = None) -> None:
+        ### BEGIN SOLUTION
+        if isinstance(data, Tensor):
+            array, source, natural = data.data, data._backend, data.dtype
+        else:
+            source = backend_of_array(data)
+            if source is None:
+                array, source = np.asarray(data), get_backend("cpu")
+            else:
+                array = data
+            if array.dtype.kind not in "biuf":
+                raise TypeError(f"cannot make a tensor from {type(data).__name__} data of dtype {array.dtype}")
+            natural = default_dtype(array.dtype)
+        target = source if device is None else get_backend(device)
+        dtype = natural if dtype is None else np.dtype(dtype)
+        if target is not source:
+            array = target.from_host(source.to_host(array))
+        copied = array.astype(dtype, copy=False)
+        if copied is data or (isinstance(data, Tensor) and copied is data.data):
+            copied = copied.copy()
+        self.data = copied
+        self._backend = target
+        ### END SOLUTION
+        self.grad: Tensor | None = None
+        self._ctx = None
+        self.requires_grad = False
+        if requires_grad:
+            self.requires_grad_()
+
+    @staticmethod
+    def _make(data: Any, backend: Backend, requires_grad: bool = False) -> "Tensor":
+        """Wrap an array that already has the right device and dtype (no copy)."""
+        tensor = object.__new__(Tensor)
+        tensor.data = data
+        tensor._backend = backend
+        tensor.requires_grad = requires_grad
+        tensor.grad = None
+        tensor._ctx = None
+        return tensor
+
+    def requires_grad_(self, requires_grad: bool = True) -> "Tensor":
+        """Switch gradient tracking on (or off) for this leaf; returns ``self``."""
+        if requires_grad and self.dtype.kind != "f":
+            raise TypeError(f"only floating-point tensors can require gradients, got dtype {self.dtype}")
+        self.requires_grad = requires_grad
+        return self
+
+    # -- what it is ------------------------------------------------------------
+    @property
+    def shape(self) -> Shape:
+        return self.data.shape
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self.data.dtype
+
+    @property
+    def ndim(self) -> int:
+        return self.data.ndim
+
+    @property
+    def size(self) -> int:
+        return self.data.size
+
+    @property
+    def device(self) -> str:
+        return self._backend.device
+
+    @property
+    def is_leaf(self) -> bool:
+        return self._ctx is None
+
+    def __len__(self) -> int:
+        if not self.shape:
+            raise TypeError("len() of a 0-d tensor")
+        return self.shape[0]
+
+    def __repr__(self) -> str:
+        values = np.array2string(self.numpy(), separator=", ", prefix="tensor(")
+        extras = [f"dtype={self.dtype}"]
+        if self.device != "cpu":
+            extras.append(f"device={self.device!r}")
+        if self._ctx is not None:
+            extras.append(f"grad_fn=<{type(self._ctx).__name__}>")
+        elif self.requires_grad:
+            extras.append("requires_grad=True")
+        return f"tensor({values}, {', '.join(extras)})"
+
+    # -- moving data out and around ----------------------------------------------
+    def numpy(self) -> np.ndarray:
+        """A NumPy copy of the values (copied from the device if needed)."""
+        return np.array(self._backend.to_host(self.data), copy=True)
+
+    def item(self) -> int | float | bool:
+        """The single value of a one-element tensor as a Python number."""
+        ### BEGIN SOLUTION
+        if self.size != 1:
+            raise ValueError(f"item() needs a tensor with exactly one element, got shape {self.shape}")
+        return self.data.item()
+        ### END SOLUTION
+
+    def to(self, device: Any) -> "Tensor":
+        """This tensor on ``device`` (itself if already there); gradients flow back."""
+        target = get_backend(device)
+        if target is self._backend:
+            return self
+        return ops.To.apply(self, source=self._backend, target=target)
+
+    def detach(self) -> "Tensor":
+        """The same values, sharing memory, cut off from the graph."""
+        return Tensor._make(self.data, self._backend)
+
+    def astype(self, dtype: Any) -> "Tensor":
+        """A copy cast to ``dtype`` (differentiable between float dtypes)."""
+        dtype = np.dtype(dtype)
+        if dtype == self.dtype:
+            return self
+        return ops.Cast.apply(self, dtype=dtype)
+
+    def backward(self, grad: Any = None, retain_graph: bool = False) -> None:
+        """Accumulate d(self)/d(leaf) into every leaf's ``.grad`` (Module 02)."""
+        autograd.backward(self, grad, retain_graph=retain_graph)
+
+    # -- operators -----------------------------------------------------------------
+    def _operand(self, other: Any) -> "Tensor":
+        """``other`` as a tensor on this device (numbers take this tensor's dtype)."""
+        if isinstance(other, Tensor):
+            if other._backend is not self._backend:
+                raise RuntimeError(
+                    f"expected tensors on the same device, got {self.device} and {other.device}; "
+                    "move one with .to(device)"
+                )
+            return other
+        if isinstance(other, (int, float, bool, np.number)):
+            dtype = self.dtype if self.dtype.kind == "f" or not isinstance(other, float) else DEFAULT_FLOAT
+            return _constant(other, dtype, self._backend)
+        return Tensor(other, device=self._backend)
+
+    def __add__(self, other: Any) -> "Tensor":
+        return ops.Add.apply(self, self._operand(other))
+
+    def __radd__(self, other: Any) -> "Tensor":
+        return ops.Add.apply(self._operand(other), self)
+
+    def __sub__(self, other: Any) -> "Tensor":
+        return ops.Sub.apply(self, self._operand(other))
+
+    def __rsub__(self, other: Any) -> "Tensor":
+        return ops.Sub.apply(self._operand(other), self)
+
+    def __mul__(self, other: Any) -> "Tensor":
+        return ops.Mul.apply(self, self._operand(other))
+
+    def __rmul__(self, other: Any) -> "Tensor":
+        return ops.Mul.apply(self._operand(other), self)
+
+    def __truediv__(self, other: Any) -> "Tensor":
+        return ops.Div.apply(self, self._operand(other))
+
+    def __rtruediv__(self, other: Any) -> "Tensor":
+        return ops.Div.apply(self._operand(other), self)
+
+    def __pow__(self, exponent: Any) -> "Tensor":
+        return ops.Pow.apply(self, self._operand(exponent))
+
+    def __rpow__(self, base: Any) -> "Tensor":
+        return ops.Pow.apply(self._operand(base), self)
+
+    def __matmul__(self, other: Any) -> "Tensor":
+        return ops.MatMul.apply(self, self._operand(other))
+
+    def __rmatmul__(self, other: Any) -> "Tensor":
+        return ops.MatMul.apply(self._operand(other), self)
+
+    def __neg__(self) -> "Tensor":
+        return ops.Neg.apply(self)
+
+    # Comparisons give boolean tensors and are not differentiable.
+    def _compare(self, other: Any, compare: Any) -> "Tensor":
+        return Tensor._make(compare(self.data, self._operand(other).data), self._backend)
+
+    def __lt__(self, other: Any) -> "Tensor":
+        return self._compare(other, lambda a, b: a < b)
+
+    def __le__(self, other: Any) -> "Tensor":
+        return self._compare(other, lambda a, b: a <= b)
+
+    def __gt__(self, other: Any) -> "Tensor":
+        return self._compare(other, lambda a, b: a > b)
+
+    def __ge__(self, other: Any) -> "Tensor":
+        return self._compare(other, lambda a, b: a >= b)
+
+    def __eq__(self, other: Any) -> "Tensor":  # type: ignore[override]
+        return self._compare(other, lambda a, b: a == b)
+
+    def __ne__(self, other: Any) -> "Tensor":  # type: ignore[override]
+        return self._compare(other, lambda a, b: a != b)
+
+    def __bool__(self) -> bool:
+        return bool(self.item())
+
+    def __float__(self) -> float:
+        return float(self.item())
+
+    def __int__(self) -> int:
+        return int(self.item())
+
+    # -- indexing --------------------------------------------------------------------
+    def _index(self, index: Any) -> Any:
+        """An index with tensors and lists replaced by arrays of this device."""
+        if isinstance(index, tuple):
+            return tuple(self._index(part) for part in index)
+        if isinstance(index, Tensor):
+            return index.data
+        if isinstance(index, list):
+            return self._backend.asarray(index)
+        if isinstance(index, np.ndarray):  # a host index array is copied to the device, as CuPy does
+            return self._backend.from_host(index)
+        return index
+
+    def __getitem__(self, index: Any) -> "Tensor":
+        return ops.GetItem.apply(self, index=self._index(index))
+
+    def __setitem__(self, index: Any, value: Any) -> None:
+        if self.requires_grad and autograd.is_grad_enabled():
+            raise RuntimeError("in-place assignment to a tensor that requires grad; use `with tt.no_grad():`")
+        self.data[self._index(index)] = self._operand(value).data
+
+    # -- shape -------------------------------------------------------------------------
+    def reshape(self, *shape: Any) -> "Tensor":
+        return ops.Reshape.apply(self, shape=_shape_arg(shape))
+
+    def transpose(self, *axes: Any) -> "Tensor":
+        """Permute axes like ``numpy.transpose``; no arguments reverses them."""
+        axes = _shape_arg(axes) if axes else tuple(reversed(range(self.ndim)))
+        return ops.Transpose.apply(self, axes=axes)
+
+    @property
+    def T(self) -> "Tensor":
+        return self.transpose()
+
+    # -- reductions ------------------------------------------------------------------------
+    def sum(self, axis: Any = None, keepdims: bool = False) -> "Tensor":
+        return ops.Sum.apply(self, axis=_axes_arg(axis, self.ndim), keepdims=keepdims)
+
+    def mean(self, axis: Any = None, keepdims: bool = False) -> "Tensor":
+        return ops.Mean.apply(self, axis=_axes_arg(axis, self.ndim), keepdims=keepdims)
+
+    def max(self, axis: Any = None, keepdims: bool = False) -> "Tensor":
+        """Largest values; tied maxima share the gradient equally."""
+        return ops.Max.apply(self, axis=_axes_arg(axis, self.ndim), keepdims=keepdims)
+
+    def min(self, axis: Any = None, keepdims: bool = False) -> "Tensor":
+        return -((-self).max(axis, keepdims))
+
+    def argmax(self, axis: int | None = None, keepdims: bool = False) -> "Tensor":
+        """Index of the largest value (an int64 tensor, not differentiable)."""
+        return Tensor._make(self._backend.xp.argmax(self.data, axis=axis, keepdims=keepdims), self._backend)
+
+    # -- elementwise functions -----------------------------------------------------------
+    def exp(self) -> "Tensor":
+        return ops.Exp.apply(self)
+
+    def log(self) -> "Tensor":
+        return ops.Log.apply(self)
+
+    def sqrt(self) -> "Tensor":
+        return ops.Sqrt.apply(self)
+
+    def tanh(self) -> "Tensor":
+        return ops.Tanh.apply(self)
+
+    def sigmoid(self) -> "Tensor":
+        return ops.Sigmoid.apply(self)
+
+    def relu(self) -> "Tensor":
+        return ops.ReLU.apply(self)
+
+    def abs(self) -> "Tensor":
+        return ops.Abs.apply(self)
+
+    def clip(self, min: float | None = None, max: float | None = None) -> "Tensor":
+        return ops.Clip.apply(self, low=min, high=max)
+
+    def softmax(self, axis: int = -1) -> "Tensor":
+        return ops.Softmax.apply(self, axis=_axes_arg(axis, self.ndim)[0])
+
+    def log_softmax(self, axis: int = -1) -> "Tensor":
+        return ops.LogSoftmax.apply(self, axis=_axes_arg(axis, self.ndim)[0])
+
+
+# %% [markdown]
+# Try it. A tensor prints its values, dtype and — when not on the CPU — device:
+
+# %%
+x = Tensor([[1.0, 2.0], [3.0, 4.0]])
+labels = Tensor([3, 1, 4])
+print(x)
+print(labels)
+print(x.shape, x.dtype, x.device, labels.dtype)
+
+# %% check=1
+x = Tensor([[1.0, 2.0], [3.0, 4.0]])
+assert x.shape == (2, 2) and x.dtype == np.float32 and x.device == "cpu"
+assert Tensor(np.arange(3)).dtype == np.int64
+assert Tensor(np.zeros(2, dtype=np.float16)).dtype == np.float16
+assert Tensor([1, 2], dtype="float64").dtype == np.float64
+source = np.ones(3)
+copy = Tensor(source)
+source[0] = 5.0
+assert copy.numpy()[0] == 1.0, "a tensor must not share memory with the data it was built from"
+assert Tensor(7).item() == 7 and isinstance(Tensor(2.5).item(), float)
+try:
+    Tensor([1.0, 2.0]).item()
+except ValueError as error:
+    assert "(2,)" in str(error), error
+else:
+    raise AssertionError("item() of a 2-element tensor must raise ValueError")
+print("Tensor construction OK")
+
+# %% [markdown]
+# The operators work because the package ships the operations. Broadcasting
+# follows NumPy: shapes are aligned from the right, and a dimension of size 1
+# stretches to match.
+
+# %%
+a = Tensor([[1.0], [2.0], [3.0]])  # (3, 1)
+b = Tensor([10.0, 20.0])  # (2,)
+print((a + b).shape)  # (3, 2)
+print((a * 2 - 1).numpy().ravel())
+print(x @ x, x.sum(axis=0), x.T, sep="\n")
+
+# %% [markdown]
+# ## 4. Factories
+#
+# `zeros`, `ones`, `randn` (standard normal) and `rand` (uniform on [0, 1)) take
+# a shape either as separate numbers or as one tuple, plus `dtype`, `device` and
+# `requires_grad`. Random numbers come from the device's backend, so
+# `tt.manual_seed(0)` makes them reproducible.
+
+# %% export="tensor"
+def tensor(data: Any, requires_grad: bool = False, dtype: Any = None, device: Any = None) -> Tensor:
+    """A new tensor holding a copy of ``data`` (same as ``Tensor(...)``)."""
+    return Tensor(data, requires_grad=requires_grad, dtype=dtype, device=device)
+
+
+def _filled(fill: Any, shape: tuple, dtype: Any, device: Any, requires_grad: bool) -> Tensor:
+    """A tensor of ``shape`` whose array ``fill(backend, shape, dtype)`` makes."""
+    backend = get_backend(device)
+    dtype = DEFAULT_FLOAT if dtype is None else np.dtype(dtype)
+    array = fill(backend, _shape_arg(shape), dtype)
+    return Tensor._make(array, backend).requires_grad_(requires_grad)
+
+
+def zeros(*shape: Any, dtype: Any = None, device: Any = None, requires_grad: bool = False) -> Tensor:
+    ### BEGIN SOLUTION
+    return _filled(lambda b, s, d: b.xp.zeros(s, dtype=d), shape, dtype, device, requires_grad)
+    ### END SOLUTION
+
+
+def ones(*shape: Any, dtype: Any = None, device: Any = None, requires_grad: bool = False) -> Tensor:
+    ### BEGIN SOLUTION
+    return _filled(lambda b, s, d: b.xp.ones(s, dtype=d), shape, dtype, device, requires_grad)
+    ### END SOLUTION
+
+
+def randn(*shape: Any, dtype: Any = None, device: Any = None, requires_grad: bool = False) -> Tensor:
+    ### BEGIN SOLUTION
+    return _filled(lambda b, s, d: b.random_normal(s, d), shape, dtype, device, requires_grad)
+    ### END SOLUTION
+
+
+def rand(*shape: Any, dtype: Any = None, device: Any = None, requires_grad: bool = False) -> Tensor:
+    ### BEGIN SOLUTION
+    return _filled(lambda b, s, d: b.random_uniform(s, d), shape, dtype, device, requires_grad)
+    ### END SOLUTION
+
+
+def arange(start: float, stop: float | None = None, step: float = 1, dtype: Any = None, device: Any = None) -> Tensor:
+    """Evenly spaced values in [start, stop), like ``numpy.arange`` (ints stay int64)."""
+    backend = get_backend(device)
+    array = backend.xp.arange(start, stop, step) if stop is not None else backend.xp.arange(start)
+    return Tensor(array, dtype=dtype)
+
+
+def stack(tensors: Sequence[Tensor], axis: int = 0) -> Tensor:
+    """Join same-shaped tensors along a new axis."""
+    first, *rest = tensors
+    return ops.Stack.apply(first, *(first._operand(t) for t in rest), axis=axis)
+
+
+def concatenate(tensors: Sequence[Tensor], axis: int = 0) -> Tensor:
+    """Join tensors along an existing axis."""
+    first, *rest = tensors
+    return ops.Concatenate.apply(first, *(first._operand(t) for t in rest), axis=axis)
+
+
+def where(condition: Any, a: Any, b: Any) -> Tensor:
+    """Elementwise ``a if condition else b``; gradients flow to ``a`` and ``b``."""
+    anchor = a if isinstance(a, Tensor) else b if isinstance(b, Tensor) else Tensor(a)
+    condition = anchor._operand(condition).data.astype(bool, copy=False)
+    return ops.Where.apply(anchor._operand(a), anchor._operand(b), condition=condition)
+
+
+# %% check=1
+assert zeros(2, 3).shape == zeros((2, 3)).shape == (2, 3)
+assert ones(4, dtype="float64").dtype == np.float64 and ones(4).numpy().sum() == 4
+manual_seed(0)
+first = randn(3, 4)
+manual_seed(0)
+assert np.array_equal(first.numpy(), randn(3, 4).numpy()), "manual_seed must make randn reproducible"
+u = rand(1000)
+assert u.dtype == np.float32 and 0.0 <= u.numpy().min() and u.numpy().max() < 1.0
+assert zeros(2, requires_grad=True).requires_grad
+print("factories OK")
+
+# %% [markdown]
+# ## 5. Systems: what a dtype and a device cost
+#
+# Memory is `elements × bytes per element`. A 784×256 weight matrix — the first
+# layer of this course's MLP — takes:
+
+# %%
+for dtype in ("float16", "float32", "float64"):
+    w = zeros(784, 256, dtype=dtype)
+    print(f"{dtype:8s} {w.data.nbytes / 1024:8.0f} KiB")
+
+# %% [markdown]
+# Moving data between devices is a copy. The `strict` device used by the tests
+# lives in host memory, so the copy is cheap here; to and from a real GPU it
+# crosses the PCIe bus (roughly 10–25 GB/s, against hundreds of GB/s inside GPU
+# memory) — which is why a training loop keeps the model and each batch on one
+# device. Time a round trip:
+
+# %%
+big = randn(1024, 1024)
+start = time.perf_counter()
+for _ in range(10):
+    big.to("strict").to("cpu")
+elapsed = (time.perf_counter() - start) / 10
+print(f"round trip of {big.data.nbytes / 2**20:.0f} MiB: {elapsed * 1e3:.2f} ms")
+
+# %% [markdown]
+# ## How PyTorch does it
+#
+# `torch.tensor(data)` copies like our `Tensor(data)`; `torch.from_numpy` shares
+# memory instead. PyTorch's default dtype is also float32 and integer data becomes
+# int64. Devices are `torch.device("cuda:0")`; `x.to("cuda")` moves a tensor;
+# mixing devices in one operation raises, as ours does. Where we have a registry of
+# Python backends, PyTorch has a *dispatcher* that picks a compiled kernel by
+# device and dtype for every operation.
+#
+# ## Summary
+#
+# * A backend bundles an array namespace with host transfer, scatter-add, padding
+#   and random numbers; a registry maps device names to cached backends.
+# * Floats become float32, integers int64; an explicit dtype wins; constructing a
+#   tensor copies.
+# * Operators delegate to operations — how those compute gradients is Module 02.
