@@ -1,0 +1,326 @@
+"""The autograd engine: backward, gradient accumulation, graph lifetime,
+``no_grad``, ``detach``, custom ``Function`` subclasses and ``gradcheck``."""
+from __future__ import annotations
+
+import re
+import sys
+
+import numpy as np
+import pytest
+
+import tinytrain as tt
+from tinytrain.autograd import Function
+
+
+def leaf(data, device, dtype=tt.float64):
+    return tt.tensor(data, dtype=dtype, device=device, requires_grad=True)
+
+
+def assert_grad(t, expected):
+    assert t.grad is not None, "expected a gradient"
+    np.testing.assert_allclose(t.grad.numpy(), expected, rtol=1e-6)
+
+
+# -- custom Functions (the extension API) -------------------------------------------------
+
+class Cube(Function):
+    def forward(self, x):
+        self.x = x
+        return x * x * x
+
+    def backward(self, grad):
+        return (3 * self.x * self.x * grad,)
+
+
+class WrongCube(Cube):
+    """Forgets the factor 3: gradcheck must catch it."""
+
+    def backward(self, grad):
+        return (self.x * self.x * grad,)
+
+
+class Scale(Function):
+    """Keyword parameters reach ``forward``; they are not inputs."""
+
+    def forward(self, x, factor=1.0):
+        self.factor = factor
+        return x * factor
+
+    def backward(self, grad):
+        return (grad * self.factor,)
+
+
+class TimesFirst(Function):
+    """``x * y`` that claims no gradient for ``y`` (returns None for it)."""
+
+    def forward(self, x, y):
+        self.y = y
+        return x * y
+
+    def backward(self, grad):
+        return (grad * self.y, None)
+
+
+def test_custom_function_forward_and_backward(device):
+    x = leaf([1.0, -2.0], device)
+    y = Cube.apply(x)
+    assert isinstance(y, tt.Tensor) and y.requires_grad
+    np.testing.assert_allclose(y.numpy(), [1.0, -8.0])
+    y.sum().backward()
+    assert_grad(x, [3.0, 12.0])
+
+
+def test_custom_function_passes_gradcheck(device):
+    assert tt.gradcheck(lambda t: Cube.apply(t).sum(), [leaf([0.5, -1.5, 2.0], device)]) is True
+
+
+def test_gradcheck_catches_wrong_backward(device):
+    x = leaf([3.0], device)
+    with pytest.raises(AssertionError) as info:
+        tt.gradcheck(lambda t: WrongCube.apply(t).sum(), [x])
+    # The report names the mismatch: the numeric gradient is 3x the analytic one
+    # (both possibly scaled by gradcheck's own projection of the output).
+    numbers = [float(n) for n in re.findall(r"-?\d+\.?\d*(?:e[-+]?\d+)?", str(info.value))]
+    assert any(abs(a) > 0 and abs(b / a - 3) < 1e-3 for a in numbers for b in numbers), str(info.value)
+
+
+def test_gradcheck_names_the_bad_input(device):
+    """With two inputs of which only the second's gradient is wrong, gradcheck still fails."""
+    a, b = leaf([1.0, 2.0], device), leaf([3.0], device)
+    with pytest.raises(AssertionError):
+        tt.gradcheck(lambda x, y: (x * 2).sum() + WrongCube.apply(y).sum(), [a, b])
+
+
+def test_gradcheck_accepts_non_scalar_output(device):
+    assert tt.gradcheck(lambda t: Cube.apply(t), [leaf([[0.5, -1.0], [2.0, 1.5]], device)]) is True
+
+
+def test_gradcheck_leaves_inputs_unchanged(device):
+    x = leaf([0.5, -1.5], device)
+    tt.gradcheck(lambda t: Cube.apply(t).sum(), [x])
+    np.testing.assert_array_equal(x.numpy(), [0.5, -1.5])
+
+
+def test_function_keyword_params(device):
+    x = leaf([1.0, 2.0], device)
+    y = Scale.apply(x, factor=3.0)
+    np.testing.assert_allclose(y.numpy(), [3.0, 6.0])
+    y.sum().backward()
+    assert_grad(x, [3.0, 3.0])
+
+
+def test_function_none_gradient_leaves_input_without_grad(device):
+    x, y = leaf([1.0, 2.0], device), leaf([5.0, 7.0], device)
+    TimesFirst.apply(x, y).sum().backward()
+    assert_grad(x, [5.0, 7.0])
+    assert y.grad is None
+
+
+def test_function_output_requires_grad_only_if_an_input_does(device):
+    x = tt.tensor([1.0], device=device)
+    assert Cube.apply(x).requires_grad is False
+    assert Cube.apply(leaf([1.0], device)).requires_grad is True
+
+
+# -- backward basics -----------------------------------------------------------------------
+
+def test_scalar_backward_seeds_with_one(device):
+    x = leaf([1.0, 2.0, 3.0], device)
+    (x * x).sum().backward()
+    assert_grad(x, [2.0, 4.0, 6.0])
+
+
+def test_grad_is_tensor_without_requires_grad(device):
+    x = leaf([1.0, 2.0], device)
+    (x * 3).sum().backward()
+    assert isinstance(x.grad, tt.Tensor)
+    assert x.grad.requires_grad is False
+    assert x.grad.device == x.device and x.grad.dtype == x.dtype and x.grad.shape == x.shape
+
+
+def test_float32_grad_stays_float32(device):
+    x = leaf([1.0, 2.0], device, dtype=tt.float32)
+    (x * x).mean().backward()
+    assert x.grad.dtype == np.float32
+
+
+def test_backward_on_non_scalar_needs_grad(device):
+    y = leaf(np.ones((2, 3)), device) * 2
+    with pytest.raises(RuntimeError) as info:
+        y.backward()
+    assert "(2, 3)" in str(info.value)
+
+
+def test_backward_with_explicit_grad(device):
+    x = leaf(np.arange(6.0).reshape(2, 3), device)
+    (x * x).backward(tt.ones(2, 3, dtype=tt.float64, device=device))
+    assert_grad(x, 2 * np.arange(6.0).reshape(2, 3))
+    x.grad = None
+    weights = np.arange(6.0).reshape(2, 3) + 1
+    (x * 2).backward(tt.tensor(weights, dtype=tt.float64, device=device))
+    assert_grad(x, 2 * weights)
+
+
+def test_backward_grad_of_wrong_shape_names_both(device):
+    y = leaf(np.ones((2, 3)), device) * 2
+    with pytest.raises(ValueError) as info:
+        y.backward(tt.ones(3, 2, dtype=tt.float64, device=device))
+    assert "(2, 3)" in str(info.value) and "(3, 2)" in str(info.value)
+
+
+def test_non_leaf_grad_is_none(device):
+    x = leaf([1.0, 2.0], device)
+    y = x * 2
+    z = y.sum()
+    z.backward()
+    assert y.grad is None and z.grad is None
+    assert_grad(x, [2.0, 2.0])
+
+
+def test_constants_get_no_grad(device):
+    x = leaf([1.0, 2.0], device)
+    c = tt.tensor([3.0, 4.0], dtype=tt.float64, device=device)
+    (x * c).sum().backward()
+    assert c.grad is None
+    assert_grad(x, [3.0, 4.0])
+
+
+# -- graph shape -----------------------------------------------------------------------------
+
+@pytest.mark.parametrize(
+    "step, expected",
+    [(lambda y: y * 1.0001, 1.0001**10_000), (lambda y: y + 1, 1.0)],
+    ids=["mul", "add"],
+)
+def test_deep_chain_has_no_recursion_limit(device, step, expected):
+    assert sys.getrecursionlimit() < 10_000 * 2, "the test must exceed the recursion limit to mean anything"
+    x = leaf(1.0, device)
+    y = x
+    for _ in range(10_000):
+        y = step(y)
+    y.backward()
+    np.testing.assert_allclose(x.grad.numpy(), expected, rtol=1e-9)
+
+
+def test_node_used_many_times_sums_gradients(device):
+    x = leaf([1.0, -2.0], device)
+    s = x * x
+    for _ in range(99):
+        s = s + x * x
+    s.sum().backward()
+    assert_grad(x, 200 * np.array([1.0, -2.0]))
+
+
+def test_shared_intermediate(device):
+    """Diamond: ``y`` feeds two branches; its gradient is the sum of both before flowing to x."""
+    x = leaf([2.0], device)
+    y = x * 3
+    z = y * y + y.exp()  # dz/dx = (2y + e^y) * 3
+    z.sum().backward()
+    assert_grad(x, [(2 * 6.0 + np.exp(6.0)) * 3])
+
+
+def test_gradient_flows_only_to_reachable_leaves(device):
+    x, unused = leaf([1.0], device), leaf([1.0], device)
+    _ = unused * 2
+    (x * 5).sum().backward()
+    assert_grad(x, [5.0])
+    assert unused.grad is None
+
+
+# -- accumulation and graph lifetime -------------------------------------------------------------
+
+def test_leaf_grads_accumulate_until_reset(device):
+    x = leaf([1.0, 2.0], device)
+    (x * 3).sum().backward()
+    (x * x).sum().backward()
+    assert_grad(x, [3.0 + 2.0, 3.0 + 4.0])
+    x.grad = None
+    (x * 3).sum().backward()
+    assert_grad(x, [3.0, 3.0])
+
+
+def test_second_backward_through_same_graph_raises(device):
+    x = leaf([1.0, 2.0], device)
+    loss = (x * x).sum()
+    loss.backward()
+    with pytest.raises(RuntimeError, match="second time|retain_graph"):
+        loss.backward()
+
+
+def test_retain_graph_allows_second_backward(device):
+    x = leaf([1.0, 2.0], device)
+    loss = (x * x).sum()
+    loss.backward(retain_graph=True)
+    loss.backward()
+    assert_grad(x, [4.0, 8.0])
+
+
+def test_freed_graph_still_allows_new_graphs_from_same_leaves(device):
+    x = leaf([1.0], device)
+    (x * x).sum().backward()
+    (x * x).sum().backward()
+    assert_grad(x, [4.0])
+
+
+# -- no_grad, detach, requires_grad propagation --------------------------------------------------
+
+def test_no_grad_results_do_not_require_grad(device):
+    x = leaf([1.0, 2.0], device)
+    with tt.no_grad():
+        y = x * 2 + 1
+        z = Cube.apply(x)
+    assert y.requires_grad is False and z.requires_grad is False
+    np.testing.assert_allclose(y.numpy(), [3.0, 5.0])
+    assert (x * 2).requires_grad is True, "grad mode must come back after the block"
+
+
+def test_no_grad_builds_no_graph(device):
+    """A result made under no_grad is a constant afterwards: using it adds no path to x."""
+    x = leaf([1.0, 2.0], device)
+    with tt.no_grad():
+        y = x * x
+    (x * y).sum().backward()
+    assert_grad(x, [1.0, 4.0])
+
+
+def test_no_grad_restores_mode_after_exception(device):
+    x = leaf([1.0], device)
+    with pytest.raises(ZeroDivisionError):
+        with tt.no_grad():
+            1 / 0
+    assert (x * 2).requires_grad is True
+
+
+def test_no_grad_nests(device):
+    x = leaf([1.0], device)
+    with tt.no_grad():
+        with tt.no_grad():
+            pass
+        assert (x * 2).requires_grad is False
+    assert (x * 2).requires_grad is True
+
+
+def test_detach_cuts_graph(device):
+    x = leaf([1.0, 2.0], device)
+    y = x * 2
+    z = y.detach() * 3 + y
+    z.sum().backward()
+    assert_grad(x, [2.0, 2.0])
+
+
+def test_requires_grad_propagates(device):
+    x = leaf([1.0], device)
+    c = tt.tensor([2.0], dtype=tt.float64, device=device)
+    assert (x + c).requires_grad and (c * x).requires_grad and (x**2).requires_grad
+    assert x.exp().requires_grad and x.sum().requires_grad and x[0].requires_grad
+    assert not (c + c).requires_grad and not c.exp().requires_grad
+    assert not x.detach().requires_grad
+    assert not (x > 0).requires_grad
+
+
+def test_setting_requires_grad_on_leaf(device):
+    x = tt.tensor([1.0, 2.0], dtype=tt.float64, device=device)
+    x.requires_grad = True
+    (x * x).sum().backward()
+    assert_grad(x, [2.0, 4.0])

@@ -1,0 +1,482 @@
+"""The Tensor object: construction, dtype rules, attributes, devices, factories,
+operator syntax and error messages. Op values and gradients are in
+``test_ops_grad.py``; the autograd engine is in ``test_autograd.py``."""
+from __future__ import annotations
+
+import operator
+
+import numpy as np
+import pytest
+
+import tinytrain as tt
+
+
+def assert_values(t, expected, rtol=1e-6, atol=1e-6):
+    """``t`` (a Tensor) holds ``expected``; read through ``numpy()`` only."""
+    got = t.numpy()
+    assert type(got) is np.ndarray
+    expected = np.asarray(expected)
+    assert got.shape == expected.shape, (got.shape, expected.shape)
+    if expected.dtype.kind == "f":
+        np.testing.assert_allclose(got, expected, rtol=rtol, atol=atol)
+    else:
+        np.testing.assert_array_equal(got, expected)
+
+
+# -- construction and dtype rules -------------------------------------------------
+
+@pytest.mark.parametrize(
+    "data, dtype",
+    [
+        (1.5, np.float32),
+        ([1.0, 2.5], np.float32),
+        ([[1, 2.5], [3, 4]], np.float32),  # mixed int/float lists are float
+        (np.array([1.0, 2.0], dtype=np.float64), np.float32),
+        (np.array([1.0, 2.0], dtype=np.float32), np.float32),
+        (np.array([1.0, 2.0], dtype=np.float16), np.float16),
+        (3, np.int64),
+        ([1, 2, 3], np.int64),
+        (True, np.bool_),
+        ([True, False], np.bool_),
+    ],
+    ids=repr,
+)
+def test_tensor_infers_dtype(device, data, dtype):
+    t = tt.tensor(data, device=device)
+    assert t.dtype == np.dtype(dtype)
+    assert_values(t, np.asarray(data).astype(dtype))
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32", "float64", "int32", "int64", "bool"])
+def test_dtype_names_are_numpy_dtypes(dtype):
+    assert np.dtype(getattr(tt, dtype)) == np.dtype(dtype)
+
+
+def test_integer_arrays_stay_integer(device):
+    t = tt.tensor(np.array([1, 2], dtype=np.int32), device=device)
+    assert t.dtype.kind == "i"
+
+
+@pytest.mark.parametrize(
+    "data, dtype",
+    [([1, 2], tt.float64), ([1.5, 2.5], tt.float16), (np.arange(3.0), tt.float64), ([1.0, 2.0], tt.int32)],
+    ids=repr,
+)
+def test_explicit_dtype_wins(device, data, dtype):
+    t = tt.tensor(data, dtype=dtype, device=device)
+    assert t.dtype == np.dtype(dtype)
+    assert_values(t, np.asarray(data).astype(dtype))
+
+
+def test_tensor_class_constructs_like_tensor_function(device):
+    t = tt.Tensor([1.0, 2.0], requires_grad=True, device=device)
+    assert isinstance(t, tt.Tensor)
+    assert isinstance(tt.tensor(1.0), tt.Tensor)
+    assert t.requires_grad and t.dtype == np.float32
+    assert_values(t, [1.0, 2.0])
+
+
+@pytest.mark.parametrize("data", [[1, 2], np.array([1, 2], dtype=np.int32)], ids=repr)
+def test_requires_grad_on_integer_tensor_raises(device, data):
+    with pytest.raises((TypeError, ValueError, RuntimeError)):
+        tt.tensor(data, requires_grad=True, device=device)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "int64"])
+def test_tensor_does_not_share_memory_with_its_source(device, dtype):
+    source = np.array([1, 2, 3], dtype=dtype)
+    t = tt.tensor(source, device=device)
+    source[0] = 100
+    assert t.numpy()[0] == 1
+
+
+def test_requires_grad_flag(device):
+    assert tt.tensor([1.0], device=device).requires_grad is False
+    assert tt.tensor([1.0], requires_grad=True, device=device).requires_grad is True
+
+
+# -- attributes ----------------------------------------------------------------------
+
+def test_attributes(device, canonical_device):
+    t = tt.tensor(np.zeros((2, 3, 4)), device=device)
+    assert t.shape == (2, 3, 4) and type(t.shape) is tuple
+    assert t.ndim == 3
+    assert isinstance(t.dtype, np.dtype)
+    assert t.device == canonical_device
+    assert t.grad is None
+
+
+def test_scalar_tensor_has_empty_shape(device):
+    t = tt.tensor(2.0, device=device)
+    assert t.shape == () and t.ndim == 0
+
+
+def test_data_is_ndarray_on_cpu():
+    assert type(tt.tensor([1.0, 2.0]).data) is np.ndarray
+    assert tt.tensor([1.0]).device == "cpu"
+
+
+def test_data_on_a_device_is_not_a_host_array(device):
+    """A device tensor keeps its own array type; the strict device's arrays refuse NumPy."""
+    t = tt.tensor([1.0, 2.0], device=device)
+    if device == "cpu":
+        pytest.skip("cpu data is a NumPy array by design")
+    with pytest.raises(Exception):
+        np.asarray(t.data)
+
+
+def test_numpy_returns_host_copy(device):
+    t = tt.tensor([1.0, 2.0], device=device)
+    host = t.numpy()
+    assert type(host) is np.ndarray and host.dtype == np.float32
+    host[0] = 99.0
+    assert_values(t, [1.0, 2.0])
+
+
+@pytest.mark.parametrize(
+    "data, expected, kind",
+    [(2.5, 2.5, float), ([[7]], 7, int), ([True], True, bool), (np.float64(0.25), 0.25, float)],
+    ids=repr,
+)
+def test_item_returns_python_scalar(device, data, expected, kind):
+    value = tt.tensor(data, device=device).item()
+    assert type(value) is kind and value == expected
+
+
+def test_item_on_non_scalar_names_shape(device):
+    with pytest.raises((ValueError, RuntimeError)) as info:
+        tt.zeros(2, 3, device=device).item()
+    assert "(2, 3)" in str(info.value)
+
+
+def test_to_moves_values(device, canonical_device):
+    src = tt.tensor([[1.5, -2.0], [3.0, 4.0]])
+    moved = src.to(device)
+    assert moved.device == canonical_device
+    assert moved.dtype == src.dtype
+    assert_values(moved, src.numpy())
+    back = moved.to("cpu")
+    assert back.device == "cpu"
+    assert_values(back, src.numpy())
+
+
+def test_to_same_device_keeps_values(device, canonical_device):
+    t = tt.tensor([1.0, 2.0], device=device)
+    assert t.to(device).device == canonical_device
+    assert t.to(canonical_device).device == canonical_device
+    assert_values(t.to(device), [1.0, 2.0])
+
+
+def test_gradient_flows_back_through_to(device, other_device):
+    x = tt.tensor([1.0, 2.0, 3.0], requires_grad=True, device=device)
+    y = x.to(other_device)
+    assert y.requires_grad
+    (y * y).sum().backward()
+    assert x.grad.device == x.device
+    assert_values(x.grad, [2.0, 4.0, 6.0])
+
+
+def test_detach(device):
+    x = tt.tensor([1.0, 2.0], requires_grad=True, device=device)
+    d = (x * 2).detach()
+    assert d.requires_grad is False
+    assert d.device == x.device and d.dtype == x.dtype
+    assert_values(d, [2.0, 4.0])
+
+
+def test_repr_mentions_values(device):
+    text = repr(tt.tensor([1.5, -2.25], device=device))
+    assert "1.5" in text and "-2.25" in text
+
+
+def test_repr_mentions_dtype_device_and_requires_grad(device, canonical_device):
+    text = repr(tt.tensor([1.0], dtype=tt.float64, requires_grad=True, device=device))
+    assert "float64" in text
+    assert "requires_grad" in text
+    if device != "cpu":
+        assert canonical_device in text
+
+
+def test_repr_omits_requires_grad_when_unset(device):
+    assert "requires_grad" not in repr(tt.tensor([1.0], device=device))
+
+
+# -- devices -------------------------------------------------------------------------
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: tt.tensor([1.0], device="tpu"),
+        lambda: tt.zeros(2, device="tpu"),
+        lambda: tt.tensor([1.0]).to("tpu"),
+    ],
+    ids=["tensor", "zeros", "to"],
+)
+def test_unknown_device_raises_value_error_naming_it(make):
+    with pytest.raises(ValueError, match="tpu"):
+        make()
+
+
+MIXED_DEVICE_OPS = {
+    "add": operator.add,
+    "mul": operator.mul,
+    "matmul": operator.matmul,
+    "stack": lambda a, b: tt.stack([a, b]),
+    "concatenate": lambda a, b: tt.concatenate([a, b]),
+    "where": lambda a, b: tt.where(a > 0, a, b),
+}
+
+
+@pytest.mark.parametrize("name", MIXED_DEVICE_OPS)
+def test_mixing_devices_raises_naming_both(device, other_device, name):
+    a = tt.ones(2, 2, device=device)
+    b = tt.ones(2, 2, device=other_device)
+    with pytest.raises(RuntimeError) as info:
+        MIXED_DEVICE_OPS[name](a, b)
+    message = str(info.value)
+    assert a.device in message and b.device in message, message
+
+
+# -- factories -----------------------------------------------------------------------
+
+FILLED = {"zeros": 0.0, "ones": 1.0}
+
+
+@pytest.mark.parametrize("name", ["zeros", "ones"])
+@pytest.mark.parametrize("args", [((2, 3),), (2, 3)], ids=["tuple", "varargs"])
+def test_filled_factories(device, canonical_device, name, args):
+    t = getattr(tt, name)(*args, device=device)
+    assert t.shape == (2, 3) and t.dtype == np.float32 and t.device == canonical_device
+    assert t.requires_grad is False
+    assert_values(t, np.full((2, 3), FILLED[name]))
+
+
+@pytest.mark.parametrize("name", ["zeros", "ones", "randn", "rand"])
+def test_factory_options(device, canonical_device, name):
+    factory = getattr(tt, name)
+    assert factory(4, device=device).shape == (4,)
+    t = factory(2, 3, dtype=tt.float64, device=device, requires_grad=True)
+    assert t.shape == (2, 3) and t.dtype == np.float64
+    assert t.device == canonical_device and t.requires_grad
+    assert factory((3, 1), device=device).shape == (3, 1)
+
+
+def test_int_zeros(device):
+    t = tt.zeros(3, dtype=tt.int64, device=device)
+    assert t.dtype == np.int64
+    assert_values(t, [0, 0, 0])
+
+
+def test_randn_statistics(device):
+    tt.manual_seed(0)
+    x = tt.randn(100_000, device=device).numpy()
+    assert x.dtype == np.float32
+    assert abs(x.mean()) < 0.02 and abs(x.std() - 1.0) < 0.02
+
+
+def test_rand_range(device):
+    tt.manual_seed(0)
+    x = tt.rand(100_000, device=device).numpy()
+    assert x.dtype == np.float32
+    assert x.min() >= 0.0 and x.max() < 1.0
+    assert abs(x.mean() - 0.5) < 0.01
+
+
+@pytest.mark.parametrize("name", ["randn", "rand"])
+def test_manual_seed_reproducible(device, name):
+    factory = getattr(tt, name)
+    tt.manual_seed(123)
+    a = factory(2, 5, device=device).numpy()
+    tt.manual_seed(123)
+    b = factory(2, 5, device=device).numpy()
+    tt.manual_seed(124)
+    c = factory(2, 5, device=device).numpy()
+    np.testing.assert_array_equal(a, b)
+    assert not np.array_equal(a, c)
+
+
+@pytest.mark.parametrize(
+    "args, expected",
+    [((0, 5, 2), [0, 2, 4]), ((5,), [0, 1, 2, 3, 4]), ((2, 5), [2, 3, 4]), ((0, 1, 0.25), [0, 0.25, 0.5, 0.75])],
+    ids=repr,
+)
+def test_arange(device, canonical_device, args, expected):
+    t = tt.arange(*args, device=device)
+    assert t.device == canonical_device
+    assert t.dtype == (np.float32 if isinstance(args[-1], float) else np.int64)
+    assert_values(t, expected)
+
+
+@pytest.mark.parametrize("axis", [0, 1, -1])
+def test_stack(device, axis):
+    arrays = [np.arange(6.0).reshape(2, 3) + 10 * i for i in range(3)]
+    t = tt.stack([tt.tensor(a, device=device) for a in arrays], axis=axis)
+    assert_values(t, np.stack(arrays, axis=axis))
+
+
+def test_stack_default_axis(device):
+    t = tt.stack([tt.tensor([1.0, 2.0], device=device), tt.tensor([3.0, 4.0], device=device)])
+    assert_values(t, [[1.0, 2.0], [3.0, 4.0]])
+
+
+CONCAT_CASES = {0: [(2, 3), (1, 3)], 1: [(2, 3), (2, 2)], -1: [(2, 3), (2, 1), (2, 2)]}
+
+
+@pytest.mark.parametrize("axis", sorted(CONCAT_CASES))
+def test_concatenate(device, axis):
+    arrays = [np.arange(float(np.prod(s))).reshape(s) + i for i, s in enumerate(CONCAT_CASES[axis])]
+    t = tt.concatenate([tt.tensor(a, device=device) for a in arrays], axis=axis)
+    assert_values(t, np.concatenate(arrays, axis=axis))
+
+
+def test_concatenate_default_axis(device):
+    t = tt.concatenate([tt.tensor([1.0], device=device), tt.tensor([2.0, 3.0], device=device)])
+    assert_values(t, [1.0, 2.0, 3.0])
+
+
+def test_where(device):
+    cond = tt.tensor([True, False, True], device=device)
+    a = tt.tensor([1.0, 2.0, 3.0], device=device)
+    b = tt.tensor([-1.0, -2.0, -3.0], device=device)
+    assert_values(tt.where(cond, a, b), [1.0, -2.0, 3.0])
+    assert_values(tt.where(a > 1.5, a, b), [-1.0, 2.0, 3.0])
+
+
+# -- operator syntax, dtype preservation ------------------------------------------------
+
+SCALAR_OPS = [
+    ("t + 2", lambda t: t + 2, lambda a: a + 2),
+    ("2 + t", lambda t: 2 + t, lambda a: 2 + a),
+    ("t - 2", lambda t: t - 2, lambda a: a - 2),
+    ("2 - t", lambda t: 2 - t, lambda a: 2 - a),
+    ("t * 1.5", lambda t: t * 1.5, lambda a: a * 1.5),
+    ("1.5 * t", lambda t: 1.5 * t, lambda a: 1.5 * a),
+    ("t / 4", lambda t: t / 4, lambda a: a / 4),
+    ("1 / t", lambda t: 1 / t, lambda a: 1 / a),
+    ("t ** 2", lambda t: t**2, lambda a: a**2),
+    ("t ** 0.5", lambda t: t**0.5, lambda a: a**0.5),
+    ("2 ** t", lambda t: 2**t, lambda a: 2.0**a),
+    ("-t", lambda t: -t, lambda a: -a),
+]
+
+
+@pytest.mark.parametrize("name, op, ref", SCALAR_OPS, ids=[row[0] for row in SCALAR_OPS])
+def test_operators_with_python_scalars(device, name, op, ref):
+    a = np.array([[0.5, 1.0, 2.0], [3.0, 4.0, 8.0]], dtype=np.float32)
+    out = op(tt.tensor(a, device=device))
+    assert isinstance(out, tt.Tensor)
+    assert out.dtype == np.float32, "a Python scalar must not promote float32"
+    assert_values(out, ref(a), rtol=1e-6)
+
+
+TENSOR_OPS = [operator.add, operator.sub, operator.mul, operator.truediv, operator.pow, operator.matmul]
+
+
+@pytest.mark.parametrize("op", TENSOR_OPS, ids=lambda f: f.__name__)
+@pytest.mark.parametrize("dtype", ["float32", "float64", "float16"])
+def test_binary_ops_keep_float_dtype(device, op, dtype):
+    a = tt.tensor(np.full((2, 2), 1.5), dtype=dtype, device=device)
+    b = tt.tensor(np.full((2, 2), 2.0), dtype=dtype, device=device)
+    out = op(a, b)
+    assert out.dtype == np.dtype(dtype)
+    assert_values(out, op(a.numpy(), b.numpy()), rtol=1e-3)
+
+
+def test_integer_arithmetic_stays_integer(device):
+    a = tt.tensor([1, 2, 3], device=device)
+    assert (a + a).dtype == np.int64
+    assert (a * 2).dtype == np.int64
+    assert_values(a * 2 + a, [3, 6, 9])
+
+
+COMPARISONS = [operator.lt, operator.le, operator.gt, operator.ge, operator.eq, operator.ne]
+
+
+@pytest.mark.parametrize("op", COMPARISONS, ids=lambda f: f.__name__)
+def test_comparisons_give_bool_tensors_without_grad(device, op):
+    a_np = np.array([1.0, 2.0, 3.0, 4.0], dtype=np.float32)
+    b_np = np.array([4.0, 2.0, 1.0, 4.0], dtype=np.float32)
+    a = tt.tensor(a_np, requires_grad=True, device=device)
+    b = tt.tensor(b_np, device=device)
+    for out, expected in [(op(a, b), op(a_np, b_np)), (op(a, 2.0), op(a_np, 2.0)), (op(2.0, a), op(2.0, a_np))]:
+        assert isinstance(out, tt.Tensor)
+        assert out.dtype == np.bool_
+        assert out.requires_grad is False
+        np.testing.assert_array_equal(out.numpy(), expected)
+
+
+def test_comparison_broadcasts(device):
+    a = tt.tensor([[1.0], [3.0]], device=device)
+    b = tt.tensor([0.0, 2.0, 4.0], device=device)
+    np.testing.assert_array_equal((a < b).numpy(), [[False, True, True], [False, False, True]])
+
+
+@pytest.mark.parametrize("dtype", [tt.float64, tt.float16, tt.int64, tt.bool])
+def test_astype(device, dtype):
+    t = tt.tensor([0.0, 1.0, 2.5], device=device).astype(dtype)
+    assert t.dtype == np.dtype(dtype)
+    assert_values(t, np.array([0.0, 1.0, 2.5]).astype(dtype))
+
+
+@pytest.mark.parametrize("name", ["sum", "mean", "max"])
+def test_reductions_keep_float32(device, name):
+    t = tt.tensor(np.arange(6.0).reshape(2, 3), device=device)
+    assert getattr(t, name)().dtype == np.float32
+    assert getattr(t, name)(axis=1).dtype == np.float32
+
+
+@pytest.mark.parametrize(
+    "name", ["exp", "log", "sqrt", "tanh", "sigmoid", "relu", "abs", "softmax", "log_softmax"]
+)
+def test_unary_methods_keep_float32(device, name):
+    t = tt.tensor([0.5, 1.0, 2.0], device=device)
+    assert getattr(t, name)().dtype == np.float32
+
+
+# -- shape manipulation values -------------------------------------------------------------
+
+@pytest.mark.parametrize(
+    "args, shape",
+    [((2, 3), (2, 3)), (((2, 3),), (2, 3)), ((-1,), (6,)), ((3, -1), (3, 2)), (((1, -1, 2),), (1, 3, 2))],
+    ids=repr,
+)
+def test_reshape(device, args, shape):
+    a = np.arange(6.0, dtype=np.float32)
+    assert_values(tt.tensor(a, device=device).reshape(*args), a.reshape(shape))
+
+
+@pytest.mark.parametrize("axes", [(), (0, 1, 2), (2, 0, 1), (1, 0, 2)], ids=repr)
+def test_transpose(device, axes):
+    a = np.arange(24.0, dtype=np.float32).reshape(2, 3, 4)
+    assert_values(tt.tensor(a, device=device).transpose(*axes), a.transpose(*axes))
+
+
+def test_T(device):
+    a = np.arange(6.0, dtype=np.float32).reshape(2, 3)
+    assert_values(tt.tensor(a, device=device).T, a.T)
+
+
+# -- bad input --------------------------------------------------------------------------------
+
+def test_matmul_shape_mismatch_names_both_shapes(device):
+    with pytest.raises(ValueError) as info:
+        tt.ones(2, 3, device=device) @ tt.ones(4, 5, device=device)
+    assert "(2, 3)" in str(info.value) and "(4, 5)" in str(info.value)
+
+
+def test_batched_matmul_shape_mismatch(device):
+    with pytest.raises(ValueError) as info:
+        tt.ones(2, 3, 4, device=device) @ tt.ones(3, 4, 5, device=device)
+    assert "(2, 3, 4)" in str(info.value) and "(3, 4, 5)" in str(info.value)
+
+
+@pytest.mark.parametrize("op", [operator.add, operator.sub, operator.mul, operator.truediv], ids=lambda f: f.__name__)
+def test_broadcast_mismatch_names_both_shapes(device, op):
+    with pytest.raises(ValueError) as info:
+        op(tt.ones(2, 3, device=device), tt.ones(4, device=device))
+    assert "(2, 3)" in str(info.value) and "(4,)" in str(info.value)
+
+
+def test_reshape_to_wrong_size_raises(device):
+    with pytest.raises(ValueError):
+        tt.ones(2, 3, device=device).reshape(4, 2)
