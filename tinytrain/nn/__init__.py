@@ -1,0 +1,6 @@
+"""Neural-network building blocks: modules, layers, activations, losses.
+
+Hand-written: it gathers the names that the generated files of Modules 03-05
+and 09 define, so users write ``tt.nn.Linear`` and ``tt.nn.functional.relu``.
+"""
+from tinytrain.nn import functional
