@@ -78,26 +78,7 @@ class Tensor:
     __hash__ = object.__hash__  # `==` builds a tensor, so hash by identity
 
     def __init__(self, data: Any, requires_grad: bool = False, dtype: Any = None, device: Any = None) -> None:
-        if isinstance(data, Tensor):
-            array, source, natural = data.data, data._backend, data.dtype
-        else:
-            source = backend_of_array(data)
-            if source is None:
-                array, source = np.asarray(data), get_backend("cpu")
-            else:
-                array = data
-            if array.dtype.kind not in "biuf":
-                raise TypeError(f"cannot make a tensor from {type(data).__name__} data of dtype {array.dtype}")
-            natural = default_dtype(array.dtype)
-        target = source if device is None else get_backend(device)
-        dtype = natural if dtype is None else np.dtype(dtype)
-        if target is not source:
-            array = target.from_host(source.to_host(array))
-        copied = array.astype(dtype, copy=False)
-        if copied is data or (isinstance(data, Tensor) and copied is data.data):
-            copied = copied.copy()
-        self.data = copied
-        self._backend = target
+        self.data, self._backend = to_array(data, dtype, device)
         self.grad: Tensor | None = None
         self._ctx = None
         self.requires_grad = False
@@ -363,6 +344,28 @@ class Tensor:
 
     def log_softmax(self, axis: int = -1) -> "Tensor":
         return ops.LogSoftmax.apply(self, axis=_axes_arg(axis, self.ndim)[0])
+
+
+def to_array(data: Any, dtype: Any = None, device: Any = None) -> tuple[Any, Backend]:
+    """A fresh array holding ``data`` on ``device`` (default: where it is) and its backend."""
+    if isinstance(data, Tensor):
+        array, source, natural = data.data, data._backend, data.dtype
+    else:
+        source = backend_of_array(data)
+        if source is None:
+            array, source = np.asarray(data), get_backend("cpu")
+        else:
+            array = data
+        if array.dtype.kind not in "biuf":
+            raise TypeError(f"cannot make a tensor from {type(data).__name__} data of dtype {array.dtype}")
+        natural = default_dtype(array.dtype)
+    target = source if device is None else get_backend(device)
+    if target is not source:
+        array = target.from_host(source.to_host(array))
+    converted = array.astype(natural if dtype is None else np.dtype(dtype), copy=False)
+    if converted is data or isinstance(data, Tensor) and converted is data.data:
+        converted = converted.copy()
+    return converted, target
 
 
 def tensor(data: Any, requires_grad: bool = False, dtype: Any = None, device: Any = None) -> Tensor:

@@ -328,12 +328,10 @@ print("dtype rules OK")
 # `__slots__` keeps tensors small and attribute access fast: a training step
 # creates thousands of them.
 #
-# Constructing a tensor from data (`Tensor(data, dtype=, device=)`) has three
-# steps: find where the data lives now (a NumPy array is on the CPU, a CuPy array
-# on a GPU, a list is host data), copy it to the requested device, and cast it to
-# the dtype from the table above. The result never shares memory with the input,
-# so changing your NumPy array later cannot change the tensor. Operations create
-# their results with the cheap `Tensor._make`, which skips all of that.
+# `Tensor(data, dtype=, device=)` stores what `to_array` (below — you write it)
+# returns.
+# Operations create their results with the cheap `Tensor._make`, which wraps an
+# array that is already right and skips all checks.
 #
 # Operators are one-liners: each hands the arrays to an *operation* from
 # `tinytrain.ops` (written in Module 02). A Python number on the other side of an
@@ -388,28 +386,7 @@ class Tensor:
     __hash__ = object.__hash__  # `==` builds a tensor, so hash by identity
 
     def __init__(self, data: Any, requires_grad: bool = False, dtype: Any = None, device: Any = None) -> None:
-        ### BEGIN SOLUTION
-        if isinstance(data, Tensor):
-            array, source, natural = data.data, data._backend, data.dtype
-        else:
-            source = backend_of_array(data)
-            if source is None:
-                array, source = np.asarray(data), get_backend("cpu")
-            else:
-                array = data
-            if array.dtype.kind not in "biuf":
-                raise TypeError(f"cannot make a tensor from {type(data).__name__} data of dtype {array.dtype}")
-            natural = default_dtype(array.dtype)
-        target = source if device is None else get_backend(device)
-        dtype = natural if dtype is None else np.dtype(dtype)
-        if target is not source:
-            array = target.from_host(source.to_host(array))
-        copied = array.astype(dtype, copy=False)
-        if copied is data or (isinstance(data, Tensor) and copied is data.data):
-            copied = copied.copy()
-        self.data = copied
-        self._backend = target
-        ### END SOLUTION
+        self.data, self._backend = to_array(data, dtype, device)
         self.grad: Tensor | None = None
         self._ctx = None
         self.requires_grad = False
@@ -482,11 +459,9 @@ class Tensor:
 
     def item(self) -> int | float | bool:
         """The single value of a one-element tensor as a Python number."""
-        ### BEGIN SOLUTION
         if self.size != 1:
             raise ValueError(f"item() needs a tensor with exactly one element, got shape {self.shape}")
         return self.data.item()
-        ### END SOLUTION
 
     def to(self, device: Any) -> "Tensor":
         """This tensor on ``device`` (itself if already there); gradients flow back."""
@@ -677,6 +652,66 @@ class Tensor:
 
     def log_softmax(self, axis: int = -1) -> "Tensor":
         return ops.LogSoftmax.apply(self, axis=_axes_arg(axis, self.ndim)[0])
+
+
+# %% [markdown]
+# Now the conversion itself. `to_array(data, dtype, device)` returns the array a
+# new tensor will hold and the backend of its device, in three steps:
+#
+# 1. **Where is the data now?** A `Tensor` knows its backend; an array of some
+#    loaded backend (a NumPy array is on the CPU, a CuPy array on a GPU) is found
+#    by `backend_of_array`; anything else (a list, a number) is host data:
+#    `np.asarray` it and treat it as CPU data. Only numbers (bool, int, float
+#    kinds) can become tensors.
+# 2. **Move it** if `device` names another backend: `target.from_host(source.to_host(array))`.
+# 3. **Cast it** to `dtype`, or to `default_dtype(...)` of the data's dtype when
+#    none is given (a tensor's own dtype is kept as it is).
+#
+# The result must never share memory with the caller's array: if no step made a
+# copy, copy it — otherwise changing your NumPy array later would change the
+# tensor behind your back.
+
+# %% export="tensor"
+def to_array(data: Any, dtype: Any = None, device: Any = None) -> tuple[Any, Backend]:
+    """A fresh array holding ``data`` on ``device`` (default: where it is) and its backend."""
+    ### BEGIN SOLUTION
+    if isinstance(data, Tensor):
+        array, source, natural = data.data, data._backend, data.dtype
+    else:
+        source = backend_of_array(data)
+        if source is None:
+            array, source = np.asarray(data), get_backend("cpu")
+        else:
+            array = data
+        if array.dtype.kind not in "biuf":
+            raise TypeError(f"cannot make a tensor from {type(data).__name__} data of dtype {array.dtype}")
+        natural = default_dtype(array.dtype)
+    target = source if device is None else get_backend(device)
+    if target is not source:
+        array = target.from_host(source.to_host(array))
+    converted = array.astype(natural if dtype is None else np.dtype(dtype), copy=False)
+    if converted is data or isinstance(data, Tensor) and converted is data.data:
+        converted = converted.copy()
+    return converted, target
+    ### END SOLUTION
+
+
+# %% check=1
+array, backend = to_array([[1.0, 2.0]])
+assert array.dtype == np.float32 and array.shape == (1, 2) and backend is get_backend("cpu")
+assert to_array(np.arange(3, dtype=np.uint8))[0].dtype == np.int64
+assert to_array([1, 2], dtype="float64")[0].dtype == np.float64
+source = np.zeros(2, dtype=np.float32)
+assert to_array(source)[0] is not source, "the array must be a copy"
+strict_array, strict = to_array([1.0, 2.0], device="strict")
+assert strict.device == "strict:0" and strict.is_array(strict_array)
+try:
+    to_array(["a", "b"])
+except TypeError as error:
+    assert "<U1" in str(error), error
+else:
+    raise AssertionError("strings cannot become a tensor")
+print("to_array OK")
 
 
 # %% [markdown]
