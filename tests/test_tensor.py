@@ -480,3 +480,15 @@ def test_broadcast_mismatch_names_both_shapes(device, op):
 def test_reshape_to_wrong_size_raises(device):
     with pytest.raises(ValueError):
         tt.ones(2, 3, device=device).reshape(4, 2)
+
+
+def test_pickle_and_deepcopy_keep_values_and_device(device):
+    """Tensors refer to their backend by device name, so they pickle and deep-copy."""
+    import copy
+    import pickle
+
+    original = tt.tensor([[1.0, 2.0], [3.0, 4.0]], device=device)
+    for clone in (pickle.loads(pickle.dumps(original)), copy.deepcopy(original)):
+        assert clone.device == original.device
+        np.testing.assert_array_equal(clone.numpy(), original.numpy())
+        assert clone.data is not original.data

@@ -32,6 +32,10 @@ class Backend:
     def __repr__(self) -> str:
         return f"{type(self).__name__}(device={self.device!r})"
 
+    def __reduce__(self) -> tuple:
+        # Pickling a tensor (or deep-copying a model) refers to its device by name.
+        return get_backend, (self.device,)
+
     # -- arrays --------------------------------------------------------------
     def is_array(self, obj: Any) -> bool:
         """True when ``obj`` is an array that lives on this backend's device."""

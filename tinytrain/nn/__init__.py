@@ -4,3 +4,20 @@ Hand-written: it gathers the names that the generated files of Modules 03-05
 and 09 define, so users write ``tt.nn.Linear`` and ``tt.nn.functional.relu``.
 """
 from tinytrain.nn import functional
+from tinytrain.nn.module import Module, Parameter
+from tinytrain.nn.layers import (
+    GELU,
+    BatchNorm1d,
+    Dropout,
+    Flatten,
+    LayerNorm,
+    Linear,
+    LogSoftmax,
+    ModuleList,
+    ReLU,
+    Sequential,
+    Sigmoid,
+    Softmax,
+    Tanh,
+)
+from tinytrain.nn.losses import BCELoss, BCEWithLogitsLoss, CrossEntropyLoss, MSELoss
