@@ -24,6 +24,11 @@ from tinytrain.tensor import (
     where,
     zeros,
 )
+from tinytrain import nn, optim, data, datasets, callbacks, checkpoint, schedules, training
+from tinytrain.nn import BCELoss, BCEWithLogitsLoss, CrossEntropyLoss, MSELoss
+from tinytrain.optim import SGD, Adam, AdamW
+from tinytrain.schedules import CosineSchedule, CosineWarmRestarts, ExponentialSchedule, InverseSqrtSchedule, StepSchedule
+from tinytrain.training import Trainer, clip_grad_norm, memory_report, plot_history
 
 bool = bool_  # PyTorch spells it tt.bool
 

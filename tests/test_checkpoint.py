@@ -1,0 +1,430 @@
+"""Checkpoint files: plain data, atomic writes, a restricted unpickler, random states,
+and exact resumption of a Trainer in a new process."""
+from __future__ import annotations
+
+import os
+import pickle
+import random
+import subprocess
+import sys
+import textwrap
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import tinytrain as tt
+from tinytrain import checkpoint, nn
+from tinytrain.backend import get_backend
+from tinytrain.checkpoint import (
+    CheckpointError,
+    atomic_write,
+    capture_rng_state,
+    read_checkpoint,
+    restore_rng_state,
+    to_plain,
+    write_checkpoint,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+
+STATE = {
+    "epoch": 3,
+    "name": "run",
+    "lr": 0.125,
+    "flags": [True, None, float("inf")],
+    "big": 2**100,  # a PCG64 state holds 128-bit integers
+    "arrays": {"w": np.arange(12, dtype=np.float32).reshape(3, 4), "i": np.arange(5), "b": np.array([True, False])},
+    "fortran": np.asfortranarray(np.arange(6.0).reshape(2, 3)),
+    7: {"nested": [np.float16(1.5)]},
+    "numpy scalars": [np.float64(0.25), np.bool_(True), np.int32(-3)],  # np.float64 subclasses float
+}
+
+
+def assert_same(a, b) -> None:
+    if isinstance(a, np.ndarray):
+        assert isinstance(b, np.ndarray) and a.dtype == b.dtype and np.array_equal(a, b), (a, b)
+    elif isinstance(a, dict):
+        assert a.keys() == b.keys()
+        for key in a:
+            assert_same(a[key], b[key])
+    elif isinstance(a, (list, tuple)):
+        assert isinstance(b, list) and len(a) == len(b)
+        for x, y in zip(a, b):
+            assert_same(x, y)
+    else:
+        assert a == b and type(a) is type(to_plain(b)), (a, b)
+
+
+# -- plain data -------------------------------------------------------------------------------
+
+
+def test_round_trip_of_plain_data(tmp_path: Path) -> None:
+    write_checkpoint(tmp_path / "c.ckpt", STATE)
+    loaded = read_checkpoint(tmp_path / "c.ckpt")
+    assert_same(to_plain(STATE), loaded)
+    assert loaded[7]["nested"] == [1.5] and type(loaded[7]["nested"][0]) is float
+    assert loaded["numpy scalars"] == [0.25, True, -3]
+    assert [type(v) for v in loaded["numpy scalars"]] == [float, bool, int]
+    assert loaded["arrays"]["w"].flags.writeable
+
+
+def test_to_plain_copies_tensors_and_device_arrays_to_the_host(device: str) -> None:
+    t = tt.arange(6, device=device).reshape(2, 3).astype("float32")
+    plain = to_plain({"t": t, "raw": t.data, "pair": (t, 1)})
+    for array in (plain["t"], plain["raw"], plain["pair"][0]):
+        assert type(array) is np.ndarray and array.tolist() == [[0, 1, 2], [3, 4, 5]]
+    assert plain["pair"][1] == 1
+
+
+@pytest.mark.parametrize(
+    "value, where",
+    [
+        ({"model": {"layer": object()}}, "['model']['layer']"),
+        ({"a": [1, {2.5}]}, "['a'][1]"),
+        ({"x": np.array([object()], dtype=object)}, "dtype object"),
+        ({(1, 2): 3}, "keys"),
+        ({"f": lambda: None}, "['f']"),
+        ({"c": 1 + 2j}, "complex"),
+        ({"key": {np.int64(1): 2}}, "keys"),
+    ],
+)
+def test_to_plain_refuses_anything_else_naming_where(value, where: str) -> None:
+    with pytest.raises(CheckpointError) as error:
+        to_plain(value)
+    assert where in str(error.value)
+
+
+def test_write_refuses_before_writing_a_byte(tmp_path: Path) -> None:
+    path = tmp_path / "c.ckpt"
+    write_checkpoint(path, {"epoch": 1})
+    with pytest.raises(CheckpointError):
+        write_checkpoint(path, {"epoch": 2, "model": object()})
+    assert read_checkpoint(path) == {"epoch": 1}
+    assert os.listdir(tmp_path) == ["c.ckpt"]
+    with pytest.raises(CheckpointError, match="reserved"):
+        write_checkpoint(path, {"format": "mine"})
+
+
+def test_the_file_names_only_numpy_globals(tmp_path: Path) -> None:
+    write_checkpoint(tmp_path / "c.ckpt", STATE)
+    named = set()
+
+    class Recorder(pickle.Unpickler):  # an ordinary unpickler that notes every global it looks up
+        def find_class(self, module: str, name: str):
+            named.add((module, name))
+            return super().find_class(module, name)
+
+    with open(tmp_path / "c.ckpt", "rb") as file:
+        assert Recorder(file).load()["epoch"] == 3  # an ordinary pickle
+    assert named <= {("numpy._core.numeric", "_frombuffer"), ("numpy", "dtype")}, named
+
+
+# -- what a loader must refuse -----------------------------------------------------------------
+
+
+class MakesAFile:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def __reduce__(self):
+        return (open, (str(self.path), "w"))
+
+
+class RunsPython:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def __reduce__(self):
+        return (exec, (f"open({str(self.path)!r}, 'w').close()",))
+
+
+@pytest.mark.parametrize("payload", [MakesAFile, RunsPython])
+@pytest.mark.parametrize("protocol", [0, 2, 5])
+def test_a_pickle_that_would_run_code_is_refused_and_does_nothing(tmp_path: Path, payload, protocol: int) -> None:
+    target = tmp_path / "pwned"
+    evil = {"format": "tinytrain-checkpoint", "version": 1, "model": {"w": [0.5, 1.5], "x": payload(target)}}
+    (tmp_path / "evil.ckpt").write_bytes(pickle.dumps(evil, protocol=protocol))
+    with pytest.raises(CheckpointError, match=r"refusing to load \S+\.(open|exec):") as error:
+        read_checkpoint(tmp_path / "evil.ckpt")
+    assert "evil.ckpt" in str(error.value) and "nothing from it was run" in str(error.value)
+    assert not target.exists()
+
+
+def test_object_arrays_and_other_numpy_globals_are_refused(tmp_path: Path) -> None:
+    path = tmp_path / "objects.ckpt"
+    path.write_bytes(pickle.dumps({"format": "tinytrain-checkpoint", "version": 1, "a": np.array([1, "x"], dtype=object)}))
+    with pytest.raises(CheckpointError, match="object"):
+        read_checkpoint(path)
+    path.write_bytes(pickle.dumps(np.load))
+    with pytest.raises(CheckpointError, match="numpy.load"):
+        read_checkpoint(path)
+
+
+def test_truncated_files_get_a_clear_error(tmp_path: Path) -> None:
+    write_checkpoint(tmp_path / "c.ckpt", STATE)
+    data = (tmp_path / "c.ckpt").read_bytes()
+    for cut in sorted({0, 1, 2, 10, len(data) // 3, len(data) // 2, len(data) - 1}):
+        (tmp_path / "cut.ckpt").write_bytes(data[:cut])
+        with pytest.raises(CheckpointError, match="truncated or corrupt"):
+            read_checkpoint(tmp_path / "cut.ckpt")
+
+
+def test_trailing_garbage_is_corruption(tmp_path: Path) -> None:
+    write_checkpoint(tmp_path / "c.ckpt", {"epoch": 1})
+    with open(tmp_path / "c.ckpt", "ab") as file:
+        file.write(b"\x00junk")
+    with pytest.raises(CheckpointError, match="after the end"):
+        read_checkpoint(tmp_path / "c.ckpt")
+
+
+@pytest.mark.parametrize(
+    "content, match",
+    [
+        (pickle.dumps([1, 2, 3]), "not a tinytrain checkpoint.*list"),
+        (pickle.dumps({"epoch": 1}), "not a tinytrain checkpoint"),
+        (pickle.dumps({"format": "tinytrain-checkpoint", "version": 99}), "version 99"),
+        (b"epoch,lr\n1,0.1\n", "truncated or corrupt"),
+        (b"", "truncated or corrupt"),
+    ],
+)
+def test_foreign_files_get_a_clear_error(tmp_path: Path, content: bytes, match: str) -> None:
+    (tmp_path / "f.ckpt").write_bytes(content)
+    with pytest.raises(CheckpointError, match=match):
+        read_checkpoint(tmp_path / "f.ckpt")
+
+
+@given(flips=st.lists(st.tuples(st.integers(0, 10**6), st.integers(1, 255)), min_size=1, max_size=4))
+def test_damaged_files_load_or_raise_checkpoint_error_only(tmp_path_factory, flips) -> None:
+    folder = tmp_path_factory.mktemp("damage")
+    write_checkpoint(folder / "c.ckpt", STATE)
+    data = bytearray((folder / "c.ckpt").read_bytes())
+    for position, xor in flips:
+        data[position % len(data)] ^= xor
+    (folder / "c.ckpt").write_bytes(bytes(data))
+    try:
+        state = read_checkpoint(folder / "c.ckpt")
+    except CheckpointError:
+        return
+    assert isinstance(state, dict)  # a flip inside array data cannot be detected; the rest must be
+
+
+def test_missing_file_is_file_not_found(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError):
+        read_checkpoint(tmp_path / "nope.ckpt")
+
+
+# -- atomic writes -----------------------------------------------------------------------------
+
+
+def test_an_exception_while_writing_leaves_the_old_file_and_no_temporary(tmp_path: Path) -> None:
+    path = tmp_path / "c.ckpt"
+    write_checkpoint(path, {"epoch": 1})
+
+    def half_then_fail(file) -> None:
+        file.write(b"\x80\x05partial")
+        raise OSError("No space left on device")
+
+    with pytest.raises(OSError, match="No space"):
+        atomic_write(path, half_then_fail)
+    assert read_checkpoint(path) == {"epoch": 1}
+    assert os.listdir(tmp_path) == ["c.ckpt"]
+
+
+def test_a_failing_fsync_during_save_checkpoint_keeps_the_previous_one(tmp_path: Path, monkeypatch) -> None:
+    model = nn.Linear(3, 2)
+    trainer = tt.Trainer(model, tt.SGD(model.parameters(), lr=0.1), nn.MSELoss())
+    path = tmp_path / "c.ckpt"
+    trainer.save_checkpoint(path)
+    trainer.epoch = 5
+
+    def broken_fsync(fd: int) -> None:
+        raise OSError("I/O error")
+
+    monkeypatch.setattr(checkpoint.os, "fsync", broken_fsync)
+    with pytest.raises(OSError, match="I/O error"):
+        trainer.save_checkpoint(path)
+    monkeypatch.undo()
+    assert read_checkpoint(path)["epoch"] == 0
+    assert os.listdir(tmp_path) == ["c.ckpt"]
+
+
+def test_a_process_killed_mid_write_leaves_the_previous_checkpoint_loadable(tmp_path: Path) -> None:
+    path = tmp_path / "c.ckpt"
+    write_checkpoint(path, {"epoch": 1, "w": np.arange(10.0)})
+    before = path.read_bytes()
+    script = textwrap.dedent(
+        f"""
+        import os
+        import numpy as np
+        from tinytrain import checkpoint
+
+        real_open = open
+
+        class DiesMidway:  # the machine goes away after the first 100 bytes hit the file
+            def __init__(self, file):
+                self.file = file
+            def write(self, data):
+                self.file.write(bytes(data)[:100])
+                self.file.flush()
+                os._exit(9)
+
+        def dying_dump(obj, file, protocol):
+            checkpoint.pickle.Pickler(DiesMidway(file), protocol=protocol).dump(obj)
+
+        checkpoint.pickle.dump = dying_dump
+        checkpoint.write_checkpoint({str(path)!r}, {{"epoch": 2, "w": np.zeros(100_000)}})
+        """
+    )
+    result = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 9, result.stderr
+    assert path.read_bytes() == before
+    assert read_checkpoint(path)["epoch"] == 1
+    leftovers = [p for p in tmp_path.iterdir() if p.name != "c.ckpt"]
+    assert len(leftovers) == 1 and leftovers[0].name.startswith(".c.ckpt.") and leftovers[0].stat().st_size == 100
+
+
+# -- random states -----------------------------------------------------------------------------
+
+
+def draw() -> tuple:
+    return (random.random(), np.random.rand(), tt.randn(3).numpy().tolist(), tt.rand(2, device="strict").numpy().tolist())
+
+
+def test_random_states_round_trip_through_a_file(tmp_path: Path) -> None:
+    tt.manual_seed(5)
+    draw()
+    write_checkpoint(tmp_path / "rng.ckpt", {"rng": capture_rng_state()})
+    expected = draw()
+    tt.manual_seed(6)
+    restore_rng_state(read_checkpoint(tmp_path / "rng.ckpt")["rng"])
+    assert draw() == expected
+
+
+def test_a_backend_that_cannot_save_its_state_is_skipped_with_a_warning(monkeypatch) -> None:
+    class NoState:
+        device = "gpu:0"
+
+        def rng_state(self):
+            raise NotImplementedError("not supported yet")
+
+    monkeypatch.setattr(checkpoint, "loaded_backends", lambda: [get_backend("cpu"), NoState()])
+    with pytest.warns(RuntimeWarning, match="gpu:0.*not supported yet"):
+        state = capture_rng_state()
+    assert list(state["backends"]) == ["cpu"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        restore_rng_state(state)
+
+
+def test_restoring_the_state_of_an_unknown_device_warns() -> None:
+    state = capture_rng_state()
+    state["backends"]["tpu:0"] = {"whatever": 1}
+    with pytest.warns(RuntimeWarning, match="tpu:0"):
+        restore_rng_state(state)
+
+
+# -- exact resume of a Trainer in a new process ---------------------------------------------------
+
+RUN = textwrap.dedent(
+    """
+    import numpy as np
+    import tinytrain as tt
+    from tinytrain import nn
+    from tinytrain.data import DataLoader, TensorDataset
+    from tinytrain.datasets import Digits
+
+    def make_run():
+        digits = Digits(train=True)
+        images, labels = digits[np.arange(192)]
+        data = TensorDataset(images.reshape(192, 64), labels)
+        model = nn.Sequential(
+            nn.Linear(64, 32), nn.BatchNorm1d(32), nn.ReLU(),
+            nn.Sequential(nn.Dropout(0.3), nn.Linear(32, 10)),
+        )
+        trainer = tt.Trainer(
+            model,
+            tt.Adam(model.parameters(), lr=0.01),
+            nn.CrossEntropyLoss(),
+            scheduler=tt.CosineSchedule(max_lr=0.01, min_lr=0.001, total_epochs=4, warmup_epochs=1),
+            grad_clip_norm=2.0,
+        )
+        train = DataLoader(data, batch_size=24, shuffle=True)  # its seed comes from tt.manual_seed
+        val = DataLoader(data, batch_size=64)
+        return trainer, train, val
+    """
+)
+
+
+def test_resume_in_a_new_process_is_bit_identical(tmp_path: Path) -> None:
+    namespace: dict = {}
+    exec(RUN, namespace)
+    make_run = namespace["make_run"]
+
+    tt.manual_seed(0)
+    straight, train, val = make_run()
+    straight.fit(train, val, epochs=4, accumulation_steps=2, progress=False)
+
+    tt.manual_seed(0)
+    first, train, val = make_run()
+    first.fit(train, val, epochs=2, accumulation_steps=2, progress=False)
+    first.save_checkpoint(tmp_path / "half.ckpt")
+
+    script = RUN + textwrap.dedent(
+        f"""
+        tt.manual_seed(12345)  # a different start: everything must come from the checkpoint
+        trainer, train, val = make_run()
+        trainer.load_checkpoint({str(tmp_path / "half.ckpt")!r})
+        trainer.fit(train, val, epochs=4, accumulation_steps=2, progress=False)
+        state = {{name: t.numpy() for name, t in trainer.model.state_dict().items()}}
+        np.savez({str(tmp_path / "resumed.npz")!r}, **state)
+        tt.checkpoint.write_checkpoint({str(tmp_path / "history.ckpt")!r}, {{"history": trainer.history,
+                                       "counters": [trainer.epoch, trainer.step]}})
+        """
+    )
+    result = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+
+    resumed = np.load(tmp_path / "resumed.npz")
+    expected = {name: t.numpy() for name, t in straight.model.state_dict().items()}
+    assert sorted(resumed.files) == sorted(expected)
+    assert any("running" in name for name in expected), "BatchNorm's running statistics are part of the check"
+    for name, array in expected.items():
+        assert np.array_equal(resumed[name], array), f"{name} differs after resuming"
+    saved = read_checkpoint(tmp_path / "history.ckpt")
+    assert saved["counters"] == [straight.epoch, straight.step] == [4, 16]
+    for key in ("train_loss", "eval_loss", "eval_accuracy", "learning_rates", "grad_norm", "skipped_steps"):
+        assert saved["history"][key] == straight.history[key], key
+
+
+def test_load_checkpoint_restores_counters_modes_and_history(tmp_path: Path) -> None:
+    namespace: dict = {}
+    exec(RUN, namespace)
+    tt.manual_seed(0)
+    trainer, train, val = namespace["make_run"]()
+    trainer.fit(train, val, epochs=1, progress=False)
+    trainer.model[3].eval()
+    trainer.save_checkpoint(tmp_path / "c.ckpt")
+    modes = [m.training for m in trainer.model.modules()]
+
+    other, _, _ = namespace["make_run"]()
+    other.load_checkpoint(tmp_path / "c.ckpt")
+    assert [m.training for m in other.model.modules()] == modes
+    assert (other.epoch, other.step) == (trainer.epoch, trainer.step) == (1, 8)
+    assert other.history["train_loss"] == trainer.history["train_loss"]
+    assert other.optimizer.state_dict()["state"][0]["step"] == trainer.optimizer.state_dict()["state"][0]["step"]
+
+
+def test_load_checkpoint_refuses_a_checkpoint_that_is_not_a_trainer_s(tmp_path: Path) -> None:
+    model = nn.Linear(3, 2)
+    trainer = tt.Trainer(model, tt.SGD(model.parameters(), lr=0.1), nn.MSELoss())
+    write_checkpoint(tmp_path / "rng.ckpt", {"rng": capture_rng_state()})
+    with pytest.raises(CheckpointError, match="lacks epoch, step, model"):
+        trainer.load_checkpoint(tmp_path / "rng.ckpt")
+    bigger = nn.Linear(4, 2)
+    tt.Trainer(bigger, tt.SGD(bigger.parameters(), lr=0.1), nn.MSELoss()).save_checkpoint(tmp_path / "big.ckpt")
+    with pytest.raises(RuntimeError, match="shape"):
+        trainer.load_checkpoint(tmp_path / "big.ckpt")

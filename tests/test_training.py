@@ -1,0 +1,471 @@
+"""The Trainer: accumulation, schedules, clipping, non-finite values, modes, fit, memory, plots."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+import tinytrain as tt
+from tinytrain import nn
+from tinytrain.data import DataLoader, TensorDataset
+from tinytrain.training import Trainer, clip_grad_norm, memory_report, plot_history
+
+RNG = np.random.default_rng(0)
+FEATURES = RNG.standard_normal((256, 6)).astype(np.float32)
+LABELS = RNG.integers(0, 3, 256)
+
+
+def dataset(n: int = 256) -> TensorDataset:
+    return TensorDataset(FEATURES[:n], LABELS[:n])
+
+
+def make_model(device: str = "cpu", seed: int = 0) -> nn.Module:
+    tt.manual_seed(seed)
+    return nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 3)).to(device)
+
+
+def weights(model: nn.Module) -> list[np.ndarray]:
+    return [p.numpy() for p in model.parameters()]
+
+
+def one_epoch(batch_size: int, k: int, n: int = 256, device: str = "cpu", loss_fn=None, lr: float = 0.5):
+    model = make_model(device)
+    trainer = Trainer(model, tt.SGD(model.parameters(), lr=lr, momentum=0.9), loss_fn or nn.CrossEntropyLoss())
+    loss = trainer.train_epoch(DataLoader(dataset(n), batch_size=batch_size, device=device), accumulation_steps=k)
+    return loss, weights(model), trainer
+
+
+def assert_close(a: list[np.ndarray], b: list[np.ndarray], atol: float = 2e-6) -> None:
+    for x, y in zip(a, b, strict=True):
+        np.testing.assert_allclose(x, y, atol=atol, rtol=1e-5)
+
+
+# -- clipping ---------------------------------------------------------------------------------
+
+
+def test_clip_keeps_the_direction_and_returns_the_norm_before(device: str) -> None:
+    w = tt.zeros(3, requires_grad=True, device=device)
+    w.grad = tt.tensor([100.0, 200.0, 50.0], device=device)
+    norm = clip_grad_norm([w], max_norm=1.0)
+    assert norm == pytest.approx(math.sqrt(52500), rel=1e-6)
+    clipped = w.grad.numpy()
+    assert np.linalg.norm(clipped) == pytest.approx(1.0, abs=1e-5)
+    np.testing.assert_allclose(clipped, np.array([100, 200, 50]) / math.sqrt(52500), rtol=1e-5)
+
+
+def test_clip_uses_the_global_norm_and_skips_parameters_without_gradients(device: str) -> None:
+    params = [tt.zeros(2, 2, requires_grad=True, device=device) for _ in range(3)]
+    params[0].grad = tt.ones(2, 2, device=device)
+    params[2].grad = tt.ones(2, 2, device=device) * 2.0
+    assert clip_grad_norm(params, max_norm=100.0) == pytest.approx(math.sqrt(4 + 16))
+    assert params[0].grad.numpy().tolist() == [[1, 1], [1, 1]], "below max_norm nothing changes"
+    norm = clip_grad_norm(params, max_norm=1.0)
+    assert norm == pytest.approx(math.sqrt(20))
+    total = math.sqrt(sum((p.grad.numpy() ** 2).sum() for p in params if p.grad is not None))
+    assert total == pytest.approx(1.0, abs=1e-5) and params[1].grad is None
+    assert clip_grad_norm([tt.zeros(2, requires_grad=True)], max_norm=1.0) == 0.0
+
+
+def test_clip_matches_pytorch() -> None:
+    torch = pytest.importorskip("torch")
+    grads = [RNG.standard_normal(s).astype(np.float32) * 10 for s in [(4, 3), (3,), (2, 2)]]
+    ours = [tt.zeros(*g.shape, requires_grad=True) for g in grads]
+    theirs = [torch.zeros(g.shape, requires_grad=True) for g in grads]
+    for o, t, g in zip(ours, theirs, grads):
+        o.grad, t.grad = tt.tensor(g), torch.tensor(g)
+    assert clip_grad_norm(ours, 2.0) == pytest.approx(float(torch.nn.utils.clip_grad_norm_(theirs, 2.0)), rel=1e-5)
+    for o, t in zip(ours, theirs):
+        np.testing.assert_allclose(o.grad.numpy(), t.grad.numpy(), rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("bad", [float("inf"), float("nan")])
+def test_clip_leaves_non_finite_gradients_alone_or_raises(bad: float) -> None:
+    a, b = tt.zeros(2, requires_grad=True), tt.zeros(1, requires_grad=True)
+    a.grad, b.grad = tt.tensor([bad, 1.0]), tt.tensor([5.0])
+    norm = clip_grad_norm([a, b], max_norm=1.0)
+    assert not math.isfinite(norm) and b.grad.numpy().tolist() == [5.0]
+    with pytest.raises(FloatingPointError, match="norm"):
+        clip_grad_norm([a, b], max_norm=1.0, error_if_nonfinite=True)
+    with pytest.raises(ValueError, match="max_norm"):
+        clip_grad_norm([a, b], max_norm=0)
+
+
+# -- gradient accumulation --------------------------------------------------------------------
+
+
+def test_batch_32_times_4_equals_batch_128(device: str) -> None:
+    big_loss, big, big_trainer = one_epoch(128, 1, device=device)
+    loss, small, trainer = one_epoch(32, 4, device=device)
+    assert trainer.step == big_trainer.step == 2
+    assert_close(small, big)
+    assert loss == pytest.approx(big_loss, abs=1e-6)
+
+
+@pytest.mark.parametrize("batch, k, reference", [(32, 3, 96), (32, 4, 128), (10, 50, 100), (16, 2, 32)])
+def test_a_short_last_window_is_weighted_by_its_samples(batch: int, k: int, reference: int) -> None:
+    # 100 samples: the last window is shorter (and may end with a short batch), exactly as
+    # the last batch of the reference loader without accumulation.
+    _, expected, _ = one_epoch(reference, 1, n=100)
+    _, got, _ = one_epoch(batch, k, n=100)
+    assert_close(got, expected)
+
+
+def test_dividing_by_k_would_be_wrong_here() -> None:
+    # Guard for the test above: a naive 1/k weighting changes the result measurably.
+    class DividedByK:
+        reduction = "sum"  # the trainer then only divides by the window's samples...
+
+        def __init__(self):
+            self.inner = nn.CrossEntropyLoss()
+
+        def __call__(self, out, y):  # ...so this is the textbook mean / k, k=3, for windows of 96 and 4
+            return self.inner(out, y) * (96 / 3 if len(y) == 32 else 4 / 3)
+
+    _, expected, _ = one_epoch(96, 1, n=100)
+    _, naive, _ = one_epoch(32, 3, n=100, loss_fn=DividedByK())
+    assert max(np.abs(a - b).max() for a, b in zip(naive, expected)) > 1e-3
+
+
+@pytest.mark.parametrize("reduction", ["sum", "none"])
+def test_sum_and_none_reductions_train_like_mean(reduction: str) -> None:
+    _, expected, _ = one_epoch(32, 3, n=100)
+    loss, got, _ = one_epoch(32, 3, n=100, loss_fn=nn.CrossEntropyLoss(reduction=reduction))
+    assert_close(got, expected)
+    mean_loss, _, _ = one_epoch(32, 3, n=100)
+    assert loss == pytest.approx(mean_loss, rel=1e-5), "the reported loss is per sample whatever the reduction"
+
+
+def test_reported_loss_is_the_mean_per_sample_not_per_batch() -> None:
+    batches = []
+
+    class Recorded(nn.CrossEntropyLoss):
+        def __call__(self, out, y):
+            loss = super().__call__(out, y)
+            batches.append((loss.item(), len(y)))
+            return loss
+
+    loss, _, trainer = one_epoch(96, 1, n=100, loss_fn=Recorded())
+    assert [n for _, n in batches] == [96, 4]
+    assert loss == pytest.approx(sum(m * n for m, n in batches) / 100, rel=1e-6)
+    assert loss != pytest.approx(np.mean([m for m, _ in batches]), rel=1e-4)
+    assert trainer.history["train_loss"] == [loss]
+
+
+@pytest.mark.parametrize("k", [0, -1, 1.5, True])
+def test_bad_accumulation_steps(k) -> None:
+    model = make_model()
+    trainer = Trainer(model, tt.SGD(model.parameters(), lr=0.1), nn.CrossEntropyLoss())
+    with pytest.raises(ValueError, match="accumulation_steps"):
+        trainer.train_epoch(DataLoader(dataset(10), batch_size=5), accumulation_steps=k)
+
+
+def test_batches_must_be_pairs() -> None:
+    model = make_model()
+    trainer = Trainer(model, tt.SGD(model.parameters(), lr=0.1), nn.CrossEntropyLoss())
+    with pytest.raises(TypeError, match="batches of \\(inputs, targets\\), got a 1-tuple"):
+        trainer.train_epoch(DataLoader(TensorDataset(FEATURES), batch_size=8))
+    with pytest.raises(TypeError, match="got a 3-tuple"):
+        trainer.evaluate(DataLoader(TensorDataset(FEATURES, LABELS, LABELS), batch_size=8))
+
+
+def test_an_empty_loader_is_an_error() -> None:
+    model = make_model()
+    trainer = Trainer(model, tt.SGD(model.parameters(), lr=0.1), nn.CrossEntropyLoss())
+    with pytest.raises(ValueError, match="no batches"):
+        trainer.train_epoch([])
+    with pytest.raises(ValueError, match="no batches"):
+        trainer.evaluate([])
+    assert trainer.epoch == 0
+
+
+# -- learning rates -----------------------------------------------------------------------------
+
+
+def test_the_optimizer_sees_get_lr_of_each_epoch_during_that_epoch() -> None:
+    seen: list[float] = []
+
+    class Recording(tt.SGD):
+        def step(self):
+            seen.append(self.lr)
+            super().step()
+
+    model = make_model()
+    schedule = tt.CosineSchedule(max_lr=0.2, min_lr=0.02, total_epochs=4, warmup_epochs=1)
+    trainer = Trainer(model, Recording(model.parameters(), lr=5.0), nn.CrossEntropyLoss(), scheduler=schedule)
+    trainer.fit(DataLoader(dataset(), batch_size=64, shuffle=True, seed=0), epochs=6, progress=False)
+    expected = [schedule.get_lr(e) for e in range(6)]
+    assert seen == [lr for lr in expected for _ in range(4)]
+    assert trainer.history["learning_rates"] == expected
+    assert expected[0] == 0.1 and expected[1] == 0.2 and expected[-1] == 0.02
+
+
+def test_without_a_schedule_the_optimizer_rate_is_recorded() -> None:
+    model = make_model()
+    trainer = Trainer(model, tt.SGD(model.parameters(), lr=0.03), nn.CrossEntropyLoss())
+    trainer.fit(DataLoader(dataset(64), batch_size=32), epochs=2, progress=False)
+    assert trainer.history["learning_rates"] == [0.03, 0.03]
+
+
+# -- non-finite values --------------------------------------------------------------------------
+
+
+class NanOnBatch:
+    """Cross-entropy whose ``bad``-th call returns nan (or whose gradient is nan, with ``grad_only``)."""
+
+    reduction = "mean"
+
+    def __init__(self, bad: int, grad_only: bool = False) -> None:
+        self.calls, self.bad, self.grad_only = 0, bad, grad_only
+        self.inner = nn.CrossEntropyLoss()
+
+    def __call__(self, out, y):
+        self.calls += 1
+        loss = self.inner(out, y)
+        if self.calls != self.bad:
+            return loss
+        if self.grad_only:  # d sqrt(x)/dx at 0 is inf, times 0: a finite loss with a nan gradient
+            return loss + (out * 0.0).sum().sqrt()
+        return loss * float("nan")
+
+
+@pytest.mark.filterwarnings("ignore:.*encountered:RuntimeWarning")
+@pytest.mark.parametrize("grad_only", [False, True])
+def test_a_non_finite_step_is_skipped_counted_and_never_reaches_the_weights(grad_only: bool) -> None:
+    model = make_model()
+    trainer = Trainer(model, tt.SGD(model.parameters(), lr=0.5), NanOnBatch(2, grad_only), grad_clip_norm=1e6)
+    loss = trainer.train_epoch(DataLoader(dataset(100), batch_size=25))
+    assert trainer.skipped_steps == 1 and trainer.step == 3 and trainer.history["skipped_steps"] == [1]
+    assert all(np.isfinite(w).all() for w in weights(model))
+    assert math.isfinite(loss), "the epoch loss averages the steps taken"
+    # the same as training on batches 1, 3 and 4 only
+    reference = make_model()
+    keep = np.r_[0:25, 50:100]
+    plain = Trainer(reference, tt.SGD(reference.parameters(), lr=0.5), nn.CrossEntropyLoss())
+    plain.train_epoch(DataLoader(TensorDataset(FEATURES[keep], LABELS[keep]), batch_size=25))
+    assert_close(weights(model), weights(reference))
+
+
+@pytest.mark.filterwarnings("ignore:.*encountered:RuntimeWarning")
+def test_non_finite_steps_raise_when_configured() -> None:
+    model = make_model()
+    trainer = Trainer(model, tt.SGD(model.parameters(), lr=0.5), NanOnBatch(3), on_nonfinite="raise")
+    with pytest.raises(FloatingPointError, match="loss is nan in epoch 0 after 2 optimizer steps"):
+        trainer.train_epoch(DataLoader(dataset(100), batch_size=25))
+    model = make_model()
+    trainer = Trainer(model, tt.SGD(model.parameters(), lr=0.5), NanOnBatch(1, grad_only=True),
+                      grad_clip_norm=1.0, on_nonfinite="raise")
+    before = weights(model)
+    with pytest.raises(FloatingPointError, match="gradient norm is nan"):
+        trainer.train_epoch(DataLoader(dataset(100), batch_size=25))
+    assert_close(weights(model), before, atol=0)
+
+
+@pytest.mark.parametrize("kwargs, match", [({"grad_clip_norm": 0}, "grad_clip_norm"),
+                                           ({"grad_clip_norm": -1.0}, "grad_clip_norm"),
+                                           ({"on_nonfinite": "ignore"}, "on_nonfinite")])
+def test_bad_trainer_settings(kwargs, match: str) -> None:
+    model = make_model()
+    with pytest.raises(ValueError, match=match):
+        Trainer(model, tt.SGD(model.parameters(), lr=0.1), nn.CrossEntropyLoss(), **kwargs)
+
+
+def test_clipping_logs_the_mean_pre_clip_norm(monkeypatch) -> None:
+    norms = []
+
+    def recording_clip(parameters, max_norm):
+        norms.append(clip_grad_norm(parameters, max_norm))
+        return norms[-1]
+
+    monkeypatch.setattr(tt.training, "clip_grad_norm", recording_clip)
+    model = make_model()
+    trainer = Trainer(model, tt.SGD(model.parameters(), lr=0.1), nn.CrossEntropyLoss(), grad_clip_norm=0.01)
+    trainer.train_epoch(DataLoader(dataset(), batch_size=64))
+    assert len(norms) == 4 and all(n > 0.01 for n in norms)
+    assert trainer.history["grad_norm"] == [pytest.approx(sum(norms) / 4)]
+    unclipped = Trainer(model, tt.SGD(model.parameters(), lr=0.1), nn.CrossEntropyLoss())
+    unclipped.train_epoch(DataLoader(dataset(), batch_size=64))
+    assert math.isnan(unclipped.history["grad_norm"][0])
+
+
+# -- modes and evaluation ------------------------------------------------------------------------
+
+
+def nested_model() -> nn.Module:
+    tt.manual_seed(0)
+    return nn.Sequential(
+        nn.Linear(6, 16),
+        nn.Sequential(nn.BatchNorm1d(16), nn.ReLU(), nn.Sequential(nn.Dropout(0.5), nn.Linear(16, 3))),
+    )
+
+
+def test_train_epoch_puts_every_module_in_training_mode() -> None:
+    model = nested_model().eval()
+    trainer = Trainer(model, tt.SGD(model.parameters(), lr=0.1), nn.CrossEntropyLoss())
+    trainer.train_epoch(DataLoader(dataset(64), batch_size=32))
+    assert all(m.training for m in model.modules())
+
+
+def test_evaluate_runs_nested_layers_in_eval_mode_without_a_graph_and_restores_modes(device: str) -> None:
+    model = nested_model().to(device)
+    trainer = Trainer(model, tt.SGD(model.parameters(), lr=0.1), nn.CrossEntropyLoss())
+    loader = DataLoader(dataset(100), batch_size=32, device=device)
+    running = {k: v.numpy() for k, v in model.state_dict().items() if "running" in k}
+    first, second = trainer.evaluate(loader), trainer.evaluate(loader)
+    assert first == second, "Dropout two levels down must be off, BatchNorm must use running statistics"
+    assert all(np.array_equal(model.state_dict()[k].numpy(), v) for k, v in running.items()), "no BN update"
+    assert all(p.grad is None for p in model.parameters())
+    assert all(m.training for m in model.modules())
+    model[1].eval()
+    model[1][2].train()
+    modes = [m.training for m in model.modules()]
+    trainer.evaluate(loader)
+    assert [m.training for m in model.modules()] == modes, "a mixed state comes back as it was"
+    with tt.no_grad():
+        model.eval()
+        out = model(tt.tensor(FEATURES[:100], device=device))
+        model.train()
+    expected = (out.numpy().argmax(axis=1) == LABELS[:100]).mean()
+    assert first[1] == pytest.approx(expected) and 0 <= first[1] <= 1
+
+
+def test_evaluate_restores_modes_when_the_model_fails() -> None:
+    class Fails(nn.Module):
+        def forward(self, x):
+            raise RuntimeError("boom")
+
+    model = nn.Sequential(nn.Linear(6, 3), Fails())
+    trainer = Trainer(model, tt.SGD(model.parameters(), lr=0.1), nn.CrossEntropyLoss())
+    with pytest.raises(RuntimeError, match="boom"):
+        trainer.evaluate(DataLoader(dataset(10), batch_size=5))
+    assert all(m.training for m in model.modules())
+
+
+def test_evaluate_accuracy_with_one_hot_targets_and_nan_for_regression() -> None:
+    model = make_model()
+    onehot = np.eye(3, dtype=np.float32)[LABELS[:50]]
+    trainer = Trainer(model, tt.SGD(model.parameters(), lr=0.1), nn.CrossEntropyLoss())
+    _, by_index = trainer.evaluate(DataLoader(dataset(50), batch_size=20))
+    _, by_onehot = trainer.evaluate(DataLoader(TensorDataset(FEATURES[:50], onehot), batch_size=20))
+    assert by_index == by_onehot
+    line = nn.Linear(6, 1)
+    regression = Trainer(line, tt.SGD(line.parameters(), lr=0.1), nn.MSELoss())
+    targets = np.ones((50, 1), np.float32)
+    loss, accuracy = regression.evaluate(DataLoader(TensorDataset(FEATURES[:50], targets), batch_size=20))
+    with tt.no_grad():
+        expected = ((line(tt.tensor(FEATURES[:50])).numpy() - 1) ** 2).mean()
+    assert loss == pytest.approx(expected, rel=1e-5) and math.isnan(accuracy)  # (N, 1) outputs: not class scores
+
+
+# -- fit -----------------------------------------------------------------------------------------
+
+
+def test_fit_trains_until_epoch_equals_epochs_and_records_history() -> None:
+    model = make_model()
+    trainer = Trainer(model, tt.SGD(model.parameters(), lr=0.1), nn.CrossEntropyLoss())
+    train, val = DataLoader(dataset(), batch_size=64, shuffle=True, seed=1), DataLoader(dataset(100), batch_size=50)
+    history = trainer.fit(train, val, epochs=3, progress=False)
+    assert history is trainer.history and trainer.epoch == 3 and trainer.step == 12
+    assert all(len(history[key]) == 3 for key in tt.training.HISTORY_KEYS)
+    trainer.fit(train, val, epochs=5, progress=False)
+    assert trainer.epoch == 5 and len(history["eval_loss"]) == 5
+    trainer.fit(train, val, epochs=2, progress=False)
+    assert trainer.epoch == 5, "fit(epochs=n) trains until epoch == n, never back"
+    assert history["train_loss"][-1] < history["train_loss"][0]
+    with pytest.raises(ValueError, match="epochs"):
+        trainer.fit(train, epochs=-1)
+
+
+def test_a_callback_can_stop_fit() -> None:
+    class StopAtTwo(tt.callbacks.Callback):
+        def on_epoch_end(self, trainer, logs):
+            assert set(logs) == {"epoch", "lr", "train_loss", "eval_loss", "eval_accuracy", "grad_norm", "seconds"}
+            assert logs["eval_loss"] is None and logs["epoch"] == trainer.epoch
+            trainer.stop_training = trainer.epoch == 2
+
+    model = make_model()
+    trainer = Trainer(model, tt.SGD(model.parameters(), lr=0.1), nn.CrossEntropyLoss())
+    trainer.fit(DataLoader(dataset(64), batch_size=32), epochs=10, callbacks=[StopAtTwo()], progress=False)
+    assert trainer.epoch == 2 and trainer.history["eval_loss"] == []
+
+
+def test_same_seed_same_history() -> None:
+    def run(seed: int = 7) -> dict:
+        tt.manual_seed(seed)
+        model = nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Dropout(0.3), nn.Linear(16, 3))
+        trainer = Trainer(model, tt.Adam(model.parameters(), lr=0.01), nn.CrossEntropyLoss(),
+                          scheduler=tt.CosineSchedule(0.01, 0.001, total_epochs=3))
+        trainer.fit(DataLoader(dataset(), batch_size=32, shuffle=True), DataLoader(dataset(64), batch_size=64),
+                    epochs=3, progress=False)
+        return trainer.history | {"w": weights(model)}
+
+    first, second = run(), run()
+    assert all(np.array_equal(a, b) for a, b in zip(first["w"], second["w"], strict=True))
+    for key in ("train_loss", "eval_loss", "eval_accuracy", "learning_rates"):
+        assert first[key] == second[key], key
+    assert run(8)["train_loss"] != first["train_loss"]
+
+
+def test_progress_bars_do_not_change_the_run(capsys) -> None:
+    pytest.importorskip("tqdm")
+
+    def run(progress: bool) -> list[float]:
+        tt.manual_seed(3)
+        model = make_model(seed=3)
+        trainer = Trainer(model, tt.SGD(model.parameters(), lr=0.1), nn.CrossEntropyLoss())
+        trainer.fit(DataLoader(dataset(), batch_size=32, shuffle=True), epochs=3, progress=progress)
+        return trainer.history["train_loss"]
+
+    assert run(True) == run(False), "a bar must not draw an extra shuffle from the loader"
+
+
+def test_progress_bars_only_when_asked_or_interactive(capsys) -> None:
+    model = make_model()
+    trainer = Trainer(model, tt.SGD(model.parameters(), lr=0.1), nn.CrossEntropyLoss())
+    loader = DataLoader(dataset(64), batch_size=32)
+    trainer.fit(loader, epochs=1)  # pytest captures stdout: not a terminal
+    assert capsys.readouterr().err == ""
+    pytest.importorskip("tqdm")
+    trainer.fit(loader, epochs=2, progress=True)
+    assert "training" in capsys.readouterr().err
+
+
+# -- memory and plots ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("make, state_per_param", [
+    (lambda p: tt.SGD(p, lr=0.1), 0),
+    (lambda p: tt.SGD(p, lr=0.1, momentum=0.9), 1),
+    (lambda p: tt.Adam(p), 2),
+    (lambda p: tt.AdamW(p), 2),
+])
+def test_memory_report_matches_the_real_arrays(make, state_per_param: int, device: str) -> None:
+    model = nested_model().to(device)
+    optimizer = make(model.parameters())
+    before = memory_report(model, optimizer)
+    parameter_bytes = sum(p.data.nbytes for p in model.parameters())
+    assert before["parameters"] == parameter_bytes == 4 * sum(p.size for p in model.parameters())
+    assert before["gradients"] == 0
+    Trainer(model, optimizer, nn.CrossEntropyLoss()).train_epoch(DataLoader(dataset(64), batch_size=64, device=device))
+    report = memory_report(model, optimizer)
+    assert report["gradients"] == parameter_bytes
+    buffers = sum(v.nbytes for state in optimizer.state for v in state.values() if hasattr(v, "nbytes"))
+    assert report["optimizer_state"] >= buffers >= state_per_param * parameter_bytes
+    assert report["optimizer_state"] <= state_per_param * parameter_bytes + 64 * len(optimizer.params)
+    assert report["total"] == sum(report[k] for k in ("parameters", "gradients", "optimizer_state"))
+    assert report["ratio"] == pytest.approx(2 + state_per_param, abs=0.01)
+
+
+def test_plot_history_draws_three_panels_and_saves(tmp_path) -> None:
+    matplotlib = pytest.importorskip("matplotlib")
+    matplotlib.use("Agg")
+    history = {"train_loss": [1.0, 0.5, 0.3], "eval_loss": [1.1, 0.7, 0.6], "eval_accuracy": [0.5, 0.7, 0.8],
+               "learning_rates": [0.1, 0.05, 0.01]}
+    figure = plot_history(history, tmp_path / "history.png")
+    assert len(figure.axes) == 3 and (tmp_path / "history.png").stat().st_size > 1000
+    assert len(figure.axes[0].lines) == 2
+    figure = plot_history({"train_loss": [1.0], "learning_rates": [0.1]})  # no evaluation: still draws
+    assert len(figure.axes[1].texts) == 1
+    import matplotlib.pyplot as plt
+
+    plt.close("all")
