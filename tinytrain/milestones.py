@@ -18,8 +18,8 @@ Hand-written, not generated: it is glue around the library, not part of a lesson
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
-import math
 import sys
 import time
 from dataclasses import asdict, dataclass, fields, replace
@@ -149,7 +149,7 @@ def resolve_settings(milestone: Milestone, args: argparse.Namespace) -> Settings
         if not saved.exists():
             raise SystemExit(f"--resume: {saved} does not exist; nothing to resume in {out}")
         settings = replace(settings, **_checked(_read_toml(saved), str(saved)))
-    settings = replace(settings, **config, **command_line)
+    settings = replace(settings, **{**config, **command_line})
     if not settings.out:
         settings = replace(settings, out=f"runs/{milestone.name}-{settings.dataset}")
     _validate(milestone, settings)
@@ -262,7 +262,10 @@ def run(milestone: Milestone, settings: Settings, resume: bool = False, stop_aft
     start = time.perf_counter()
     trainer.fit(train_loader, val_loader, epochs=target, callbacks=callbacks)
     seconds = time.perf_counter() - start
-    tt.plot_history(trainer.history, out / "history.png")
+    if importlib.util.find_spec("matplotlib") is None:
+        print("no history.png: plotting needs matplotlib (pip install 'tinytrain[milestones]')")
+    else:
+        tt.plot_history(trainer.history, out / "history.png")
 
     test_loss, test_accuracy = trainer.evaluate(test_loader)
     result = {

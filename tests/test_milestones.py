@@ -1,0 +1,83 @@
+"""The MLP milestone end to end: training, outputs, settings, and exact resume."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tinytrain.checkpoint import read_checkpoint
+
+ROOT = Path(__file__).resolve().parents[1]
+MLP = ROOT / "milestones" / "mlp.py"
+
+
+def run_mlp(*options: str) -> subprocess.CompletedProcess:
+    """The milestone script in a new process, as a user runs it."""
+    return subprocess.run([sys.executable, str(MLP), *options], capture_output=True, text=True, timeout=300)
+
+
+def final_weights(out: Path) -> dict[str, np.ndarray]:
+    last = sorted((out / "checkpoints").glob("epoch-*.pkl"))[-1]
+    return read_checkpoint(last)["model"]
+
+
+def test_mlp_milestone_on_digits_passes_and_writes_its_outputs(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    result = run_mlp("--out", str(out))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "PASS" in result.stdout
+    summary = json.loads((out / "result.json").read_text())
+    assert summary["test_accuracy"] >= 0.97
+    assert summary["epochs_done"] == summary["epochs"] == 30
+    for name in ("settings.toml", "log.csv", "history.png", "checkpoints/best.pkl", "checkpoints/epoch-0030.pkl"):
+        assert (out / name).is_file(), name
+    rows = (out / "log.csv").read_text().splitlines()
+    assert rows[0].startswith("epoch,lr,train_loss") and len(rows) == 31
+
+
+def test_killed_run_resumed_ends_with_identical_weights_and_accuracy(tmp_path: Path) -> None:
+    options = ("--epochs", "6", "--warmup", "1")
+    straight = run_mlp(*options, "--out", str(tmp_path / "straight"))
+    assert straight.returncode in (0, 1), straight.stderr
+    interrupted = run_mlp(*options, "--out", str(tmp_path / "resumed"), "--stop-after", "2")
+    assert interrupted.returncode == 0 and "continue with --resume" in interrupted.stdout, interrupted.stderr
+    resumed = run_mlp("--resume", "--out", str(tmp_path / "resumed"))
+    assert "resumed from" in resumed.stdout, resumed.stderr
+    a, b = final_weights(tmp_path / "straight"), final_weights(tmp_path / "resumed")
+    assert a.keys() == b.keys()
+    for name in a:
+        np.testing.assert_array_equal(a[name], b[name], err_msg=name)
+    accuracy = [json.loads((tmp_path / run / "result.json").read_text())["test_accuracy"]
+                for run in ("straight", "resumed")]
+    assert accuracy[0] == accuracy[1]
+
+
+def test_config_file_is_read_and_the_command_line_wins(tmp_path: Path) -> None:
+    config = tmp_path / "run.toml"
+    config.write_text('epochs = 3\nwarmup = 0\nbatch_size = 128\nout = "%s"\n' % (tmp_path / "cfg").as_posix())
+    result = run_mlp("--config", str(config), "--batch-size", "32")
+    assert result.returncode in (0, 1), result.stderr
+    saved = (tmp_path / "cfg" / "settings.toml").read_text()
+    assert "epochs = 3" in saved and "batch_size = 32" in saved
+
+
+@pytest.mark.parametrize(
+    ("config_text", "message"),
+    [("epoch = 3\n", "unknown setting(s) epoch"), ("epochs = [\n", "not valid TOML")],
+)
+def test_bad_config_files_are_named(tmp_path: Path, config_text: str, message: str) -> None:
+    config = tmp_path / "bad.toml"
+    config.write_text(config_text)
+    result = run_mlp("--config", str(config), "--out", str(tmp_path / "x"))
+    assert result.returncode != 0 and message in result.stderr
+
+
+def test_bad_settings_are_rejected_before_training(tmp_path: Path) -> None:
+    result = run_mlp("--dataset", "imagenet", "--batch-size", "0", "--out", str(tmp_path / "x"))
+    assert result.returncode != 0
+    assert "imagenet" in result.stderr and "batch_size must be >= 1, got 0" in result.stderr
+    assert not (tmp_path / "x").exists()
