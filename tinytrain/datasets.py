@@ -38,7 +38,6 @@ Checksums (all published by others, none computed here):
 """
 from __future__ import annotations
 
-import contextlib
 import gzip
 import hashlib
 import importlib
@@ -48,12 +47,12 @@ import pickle
 import struct
 import sys
 import tarfile
-import tempfile
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, BinaryIO, Sequence
 
 import numpy as np
 
+from tinytrain.checkpoint import atomic_write
 from tinytrain.data import TensorDataset
 
 __all__ = [
@@ -163,39 +162,19 @@ def download_file(urls: Sequence[str], path: str | os.PathLike, sha256: str, tim
 
 
 def _fetch(urllib_request: Any, url: str, path: Path, sha256: str, timeout: float) -> None:
-    """One attempt: ``url`` into ``path`` via a checked temporary file."""
-    descriptor, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".part")
-    try:
+    """One attempt: ``url`` into ``path``, renamed into place only if its SHA-256 matches."""
+
+    def stream_and_verify(out: BinaryIO) -> None:
         digest = hashlib.sha256()
         request = urllib_request.Request(url, headers={"User-Agent": "tinytrain"})
-        with os.fdopen(descriptor, "wb") as out, urllib_request.urlopen(request, timeout=timeout) as response:
+        with urllib_request.urlopen(request, timeout=timeout) as response:
             for chunk in iter(lambda: response.read(_CHUNK), b""):
                 digest.update(chunk)
                 out.write(chunk)
-            out.flush()
-            os.fsync(out.fileno())
-        if digest.hexdigest() != sha256:
+        if digest.hexdigest() != sha256:  # raising here makes atomic_write discard the file
             raise ChecksumError(url, "sha256", sha256, digest.hexdigest())
-        os.replace(temporary, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(temporary)
-        raise
-    _fsync_directory(path.parent)
 
-
-def _fsync_directory(directory: Path) -> None:
-    """Make a rename in ``directory`` durable (a no-op where directories can't be opened)."""
-    try:
-        descriptor = os.open(directory, os.O_RDONLY)
-    except OSError:  # e.g. Windows
-        return
-    try:
-        os.fsync(descriptor)
-    except OSError:
-        pass
-    finally:
-        os.close(descriptor)
+    atomic_write(path, stream_and_verify)
 
 
 # -- file formats ------------------------------------------------------------------
