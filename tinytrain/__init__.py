@@ -2,34 +2,96 @@
 
 Students build it module by module in notebooks (``modules/``); the package
 ships the reference solutions, so it also works as a library on its own.
-"""
-from tinytrain import autograd, ops
-from tinytrain.autograd import Function, GradcheckError, gradcheck, is_grad_enabled, no_grad
-from tinytrain.backend import Backend, get_backend, manual_seed, register_backend
-from tinytrain.tensor import (
-    Tensor,
-    arange,
-    bool_,
-    concatenate,
-    float16,
-    float32,
-    float64,
-    int32,
-    int64,
-    ones,
-    rand,
-    randn,
-    stack,
-    tensor,
-    where,
-    zeros,
-)
-from tinytrain import nn, optim, data, datasets, callbacks, checkpoint, schedules, training
-from tinytrain.nn import BCELoss, BCEWithLogitsLoss, CrossEntropyLoss, MSELoss
-from tinytrain.optim import SGD, Adam, AdamW
-from tinytrain.schedules import CosineSchedule, CosineWarmRestarts, ExponentialSchedule, InverseSqrtSchedule, StepSchedule
-from tinytrain.training import Trainer, clip_grad_norm, memory_report, plot_history
 
-bool = bool_  # PyTorch spells it tt.bool
+The names below load on first use (PEP 562), so ``import tinytrain`` itself never
+runs library code: a student's exported module that fails to import cannot take
+the ``tinytrain`` command (``reset``, ``status``, ``doctor``) down with it, and the
+error names the module to reset.
+"""
+import importlib
+import sys
+import types
 
 __version__ = "0.1.0"
+
+# public name -> (submodule, attribute); a submodule's own name maps to (submodule, None)
+_NAMES = {
+    **{name: ("autograd", name) for name in ("Function", "GradcheckError", "gradcheck", "is_grad_enabled", "no_grad")},
+    **{name: ("backend", name) for name in ("Backend", "get_backend", "manual_seed", "register_backend")},
+    **{
+        name: ("tensor", name)
+        for name in (
+            "Tensor", "arange", "bool_", "concatenate", "float16", "float32", "float64", "int32", "int64",
+            "ones", "rand", "randn", "stack", "tensor", "where", "zeros",
+        )
+    },
+    "bool": ("tensor", "bool_"),  # PyTorch spells it tt.bool
+    **{name: ("nn", name) for name in ("BCELoss", "BCEWithLogitsLoss", "CrossEntropyLoss", "MSELoss")},
+    **{name: ("optim", name) for name in ("SGD", "Adam", "AdamW")},
+    **{
+        name: ("schedules", name)
+        for name in ("CosineSchedule", "CosineWarmRestarts", "ExponentialSchedule", "InverseSqrtSchedule", "StepSchedule")
+    },
+    **{name: ("training", name) for name in ("Trainer", "clip_grad_norm", "memory_report", "plot_history")},
+}
+_SUBMODULES = (
+    "backend", "autograd", "ops", "nn", "optim", "data", "datasets", "callbacks", "checkpoint", "schedules", "training",
+)
+_NAMES.update({name: (name, None) for name in _SUBMODULES if name not in _NAMES})
+
+__all__ = sorted(set(_NAMES) - {"bool"})  # a star import must not shadow the builtin
+# Every module `import tinytrain` used to load at once (the grader preloads them).
+__all_modules__ = tuple(f"{__name__}.{name}" for name in _SUBMODULES) + (f"{__name__}.tensor",)
+
+
+def _load(name: str) -> object:
+    submodule, attribute = _NAMES[name]
+    try:
+        module = importlib.import_module(f"{__name__}.{submodule}")
+    except Exception as error:
+        raise _explained(submodule, error) from error
+    return module if attribute is None else getattr(module, attribute)
+
+
+def _explained(submodule: str, error: Exception) -> Exception:
+    """``error``, with a pointer to ``tinytrain reset`` when student code is installed."""
+    try:
+        from tinytrain.grading import installed_modules
+    except Exception:
+        return error
+    exported = [info for info in installed_modules().values() if info.exported]
+    if not exported:
+        return error
+    names = ", ".join(info.name for info in exported)
+    numbers = " / ".join(info.number for info in exported)
+    return ImportError(
+        f"tinytrain.{submodule} failed to import ({type(error).__name__}: {error}). The package holds code "
+        f"exported from your notebook(s) for module(s) {names}; `tinytrain reset {numbers}` puts the "
+        "reference back (then fix the notebook and export again)."
+    )
+
+
+def __getattr__(name: str) -> object:
+    if name not in _NAMES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = _load(name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list:
+    return sorted(set(globals()) | set(_NAMES))
+
+
+class _Package(types.ModuleType):
+    """Keeps ``tinytrain.tensor`` the factory function, as ``from tinytrain.tensor import tensor``
+    in the eager package did: importing the submodule ``tinytrain.tensor`` would otherwise
+    bind the module object under that name."""
+
+    def __setattr__(self, name: str, value: object) -> None:
+        if name == "tensor" and isinstance(value, types.ModuleType) and hasattr(value, "tensor"):
+            value = value.tensor
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package

@@ -1,0 +1,243 @@
+"""The ``tinytrain`` command: grade, export, reset, status, milestone, doctor.
+
+Commands that change the package (export, reset) run in a subprocess on a copy of
+the package in a temporary folder (first on ``PYTHONPATH``), never on this checkout.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from tinytrain import build, grading
+from tinytrain.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+SOURCE_03 = ROOT / "modules/03_activations/03_activations.py"
+
+
+def _notebook(path: Path, reference: bool = True, edit: tuple[str, str] | None = None) -> Path:
+    notebook = (build.reference_notebook if reference else build.student_notebook)(SOURCE_03)
+    if edit is not None:
+        cell = next(cell for cell in notebook.cells if cell.metadata.get("export") and edit[0] in cell.source)
+        cell.source = cell.source.replace(edit[0], edit[1], 1)
+    nbformat.write(notebook, path)
+    return path
+
+
+# -- in-process ------------------------------------------------------------------------------------
+def test_help_lists_the_subcommands(capsys) -> None:
+    with pytest.raises(SystemExit) as exit:
+        main(["--help"])
+    assert exit.value.code == 0
+    out = capsys.readouterr().out
+    for command in ("build", "grade", "export", "reset", "status", "milestone", "doctor"):
+        assert command in out
+
+
+def test_grade_prints_each_check_with_points_hint_and_total(capsys) -> None:
+    assert main(["grade", "03", "--root", str(ROOT)]) == 1
+    out = capsys.readouterr().out
+    assert "Module 03_activations: graded checks on" in out
+    assert "FAIL  relu" in out and "NotImplementedError: relu: your code here" in out and "hint: relu(x)" in out
+    assert out.rstrip().endswith("Total: 0/12 points")
+
+
+def test_grade_reference_notebook_passes(tmp_path: Path, capsys) -> None:
+    notebook = _notebook(tmp_path / "mine.ipynb")
+    assert main(["grade", "activations", "--notebook", str(notebook), "--root", str(ROOT), "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["earned"] == result["possible"] == 12 and result["module"] == "03_activations"
+    assert all(check["outcome"] == "passed" for check in result["checks"])
+
+
+def test_grade_a_folder_of_notebooks(tmp_path: Path, capsys) -> None:
+    _notebook(tmp_path / "03_activations.ipynb")
+    assert main(["grade", "3", "--notebook", str(tmp_path), "--root", str(ROOT)]) == 0
+    assert "Total: 12/12 points" in capsys.readouterr().out
+
+
+def test_grade_installed_code(capsys) -> None:
+    assert main(["grade", "03", "--installed", "--root", str(ROOT)]) == 0
+    assert "graded checks on the installed package" in capsys.readouterr().out
+
+
+def test_grade_reports_a_syntax_error_with_cell_and_line(tmp_path: Path, capsys) -> None:
+    notebook = _notebook(tmp_path / "03_activations.ipynb", edit=("def relu(x: Tensor) -> Tensor:", "def relu(x"))
+    assert main(["grade", "03", "--notebook", str(notebook), "--root", str(ROOT)]) == 1
+    out = capsys.readouterr().out
+    assert "error: " in out and "SyntaxError" in out and "cell " in out and ", line " in out
+    assert "Total: 0/12 points" in out
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["grade", "99"], "unknown module '99'; the modules are: 01_tensor"),
+        (["grade", "03", "--notebook", "/no/such.ipynb"], "notebook /no/such.ipynb does not exist"),
+        (["export", "3", "--notebook", "/no/such.ipynb"], "does not exist"),
+        (["reset", "banana"], "unknown module 'banana'"),
+        (["grade", "03", "--notebook", str(ROOT / "notebooks/04_layers.ipynb")], "is the notebook of module 04_layers, not 03"),
+        (["grade", "03", "--notebook", str(ROOT / "pyproject.toml")], "is not a Jupyter notebook"),
+        (["milestone", "cnn"], "no milestone 'cnn' yet (the CNN milestone arrives with Module 09"),
+        (["milestone", "gpt"], "no milestone 'gpt'"),
+    ],
+)
+def test_clear_errors(argv: list[str], message: str, capsys) -> None:
+    from tinytrain import milestones
+
+    if argv[:2] == ["milestone", "cnn"] and "cnn" in milestones.MILESTONES:
+        pytest.skip("the CNN milestone exists now")
+    assert main([*argv, "--root", str(ROOT)] if argv[0] != "milestone" else argv) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_grade_without_a_project(tmp_path: Path, monkeypatch, capsys) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(grading, "PACKAGE_DIR", tmp_path / "tinytrain")  # not an editable checkout
+    assert main(["grade", "03"]) == 2
+    assert "needs the tinytrain project" in capsys.readouterr().err
+
+
+def test_milestone_delegates(monkeypatch, capsys) -> None:
+    from tinytrain import milestones
+
+    calls = []
+    monkeypatch.setattr(milestones, "main", lambda name, argv: calls.append((name, argv)) or 0)
+    assert main(["milestone", "mlp", "--epochs", "2", "--dataset", "digits"]) == 0
+    assert calls == [("mlp", ["--epochs", "2", "--dataset", "digits"])]
+
+
+def test_status_reports_installed_code_and_checks(capsys) -> None:
+    assert main(["status", "--root", str(ROOT), "--json"]) == 0
+    rows = {row["module"]: row for row in json.loads(capsys.readouterr().out)}
+    assert set(grading.graded_test_files(ROOT)) <= set(rows)
+    for module in grading.graded_test_files(ROOT):
+        assert rows[module]["code"] == "reference" and rows[module]["checks"].endswith("all pass"), rows[module]
+
+
+def test_doctor(capsys) -> None:
+    status = main(["doctor"])
+    out = capsys.readouterr().out
+    assert "[ ok ] Python 3." in out and "NumPy" in out and "CuPy" in out and "Jupyter kernel" in out
+    assert "dataset cache" in out and "tinytrain package at" in out
+    assert status == (1 if "[FAIL]" in out else 0)
+
+
+def test_doctor_gives_a_fix_for_each_problem(tmp_path: Path, monkeypatch, capsys) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    monkeypatch.setenv("TINYTRAIN_DATA", str(blocker / "cache"))  # cannot be created: its parent is a file
+    assert main(["doctor"]) == 1
+    lines = capsys.readouterr().out.splitlines()
+    failure = next(index for index, line in enumerate(lines) if line.startswith("[FAIL] dataset cache"))
+    assert lines[failure + 1].strip().startswith("fix: export TINYTRAIN_DATA=")
+
+
+# -- export, reset and a broken package, on a copy ------------------------------------------------------
+@pytest.fixture
+def copy(tmp_path: Path):
+    """Run ``python -m tinytrain ...`` against a copy of the package; returns (run, package folder)."""
+    site = tmp_path / "site"
+    shutil.copytree(ROOT / "tinytrain", site / "tinytrain",
+                    ignore=shutil.ignore_patterns("__pycache__", grading.BACKUP_DIR))
+    work = tmp_path / "work"
+    work.mkdir()
+    env = dict(os.environ, PYTHONPATH=str(site))
+    env.pop(grading.NOTEBOOK_ENV, None)
+
+    def run(*args: str, root: bool = True, code: str | None = None) -> subprocess.CompletedProcess:
+        command = [sys.executable, "-c", code] if code else [sys.executable, "-m", "tinytrain", *args]
+        if root and not code:
+            command += ["--root", str(ROOT)]
+        return subprocess.run(command, cwd=work, env=env, capture_output=True, text=True, timeout=300)
+
+    return run, site / "tinytrain"
+
+
+def test_export_then_reset(copy, tmp_path: Path) -> None:
+    run, package = copy
+    original = (package / "nn/activations.py").read_text()
+    notebook = _notebook(tmp_path / "03_activations.ipynb")
+    result = run("export", "03", "--notebook", str(notebook))
+    assert result.returncode == 0, result.stderr
+    assert "exported module 03_activations" in result.stdout
+    exported = (package / "nn/activations.py").read_text()
+    assert exported.startswith("# Exported by `tinytrain export` from ") and "(module 03_activations)" in exported
+    assert exported.split("\n", 1)[1] == original.split("\n", 1)[1]
+    assert (package / grading.BACKUP_DIR / "03_activations/reference/nn.activations.py.orig").read_text() == original
+
+    status = run("status", "--json")
+    rows = {row["module"]: row for row in json.loads(status.stdout)}
+    assert rows["03_activations"]["code"].startswith("student: ") and rows["03_activations"]["checks"].endswith("all pass")
+    assert rows["01_tensor"]["code"] == "reference"
+    graded = run("grade", "03", "--installed", "--json")
+    assert json.loads(graded.stdout)["earned"] == 12, graded.stderr
+
+    result = run("reset", "3")
+    assert result.returncode == 0, result.stderr
+    assert (package / "nn/activations.py").read_text() == original
+    assert "already holds the reference" in run("reset", "3").stdout
+
+
+def test_export_of_stubs_warns(copy) -> None:
+    run, _ = copy
+    result = run("export", "03", "--notebook", str(ROOT / "notebooks/03_activations.ipynb"))
+    assert result.returncode == 0, result.stderr
+    assert "still stubs" in result.stdout and "relu" in result.stdout
+
+
+def test_export_refuses_a_syntax_error(copy, tmp_path: Path) -> None:
+    run, package = copy
+    before = (package / "nn/activations.py").read_text()
+    notebook = _notebook(tmp_path / "03_activations.ipynb", edit=("def relu(x: Tensor) -> Tensor:", "def relu(x"))
+    result = run("export", "03", "--notebook", str(notebook))
+    assert result.returncode == 2 and "not exported" in result.stderr and "SyntaxError" in result.stderr
+    assert "cell " in result.stderr and ", line " in result.stderr
+    assert (package / "nn/activations.py").read_text() == before
+
+
+def test_export_refuses_code_that_does_not_import(copy, tmp_path: Path) -> None:
+    run, package = copy
+    before = (package / "nn/activations.py").read_text()
+    notebook = _notebook(tmp_path / "03_activations.ipynb", edit=("import math", "import math\nimport no_such_module"))
+    result = run("export", "03", "--notebook", str(notebook))
+    assert result.returncode == 2 and "does not import" in result.stderr and "no_such_module" in result.stderr
+    assert (package / "nn/activations.py").read_text() == before
+
+
+def test_a_broken_export_does_not_break_the_command(copy) -> None:
+    """Student code that fails to import: status, doctor and reset still work, and say what to do."""
+    run, package = copy
+    original = (package / "nn/activations.py").read_text()
+    header = grading.EXPORT_HEADER.format(notebook="notebooks/03_activations.ipynb", module="03_activations", number="03")
+    (package / "nn/activations.py").write_text(f"{header}\n\nraise RuntimeError('my bug')\n")
+
+    use = run(code="import tinytrain as tt; tt.nn")
+    assert use.returncode != 0 and "tinytrain reset 03" in use.stderr and "my bug" in use.stderr
+    status = run("status")
+    assert status.returncode == 0, status.stderr
+    assert "student: notebooks/03_activations.ipynb" in status.stdout and "03_activations" in status.stdout
+    doctor = run("doctor")
+    assert doctor.returncode == 1 and "[FAIL]" in doctor.stdout and "tinytrain reset 03" in doctor.stdout
+    reset = run("reset", "03")  # no backup: regenerated from the module source
+    assert reset.returncode == 0, reset.stderr
+    assert (package / "nn/activations.py").read_text() == original
+    assert run(code="import tinytrain as tt; tt.nn.ReLU").returncode == 0
+
+
+def test_reset_from_the_backup_without_sources(copy, tmp_path: Path) -> None:
+    run, package = copy
+    original = (package / "nn/activations.py").read_text()
+    notebook = _notebook(tmp_path / "03_activations.ipynb")
+    assert run("export", "03", "--notebook", str(notebook)).returncode == 0
+    result = run("reset", "03", root=False)  # no project here: only the backup can help
+    assert result.returncode == 0, result.stderr
+    assert "restored from" in result.stdout
+    assert (package / "nn/activations.py").read_text() == original

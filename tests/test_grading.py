@@ -1,0 +1,273 @@
+"""The grader (``tinytrain.grading``): it grades the student's own code.
+
+For every module with graded checks (``tests/graded/test_NN_*.py``): grading the
+unfilled student notebook earns zero points, and grading a notebook whose solution
+regions hold the reference code earns full marks. Plus the loader's contract: export
+cells become fresh modules laid over the package and taken away again, errors name
+the cell and line, and the checks are well-formed.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from tinytrain import build, grading
+
+ROOT = Path(__file__).resolve().parents[1]
+GRADED = sorted((ROOT / "tests" / "graded").glob("test_[0-9][0-9]_*.py"))
+
+
+def _source(test_file: Path) -> Path:
+    module = test_file.stem.removeprefix("test_")
+    return ROOT / "modules" / module / f"{module}.py"
+
+
+def _write(notebook: nbformat.NotebookNode, path: Path) -> Path:
+    nbformat.write(notebook, path)
+    return path
+
+
+@pytest.fixture(params=GRADED, ids=[path.stem.removeprefix("test_") for path in GRADED])
+def graded_module(request) -> tuple[str, Path]:
+    """(module name, its source) for each module that has graded checks."""
+    source = _source(request.param)
+    assert source.is_file(), f"{request.param.name} has no module source {source}"
+    return source.stem, source
+
+
+@pytest.mark.parametrize("source", build.module_sources(ROOT), ids=lambda path: path.stem)
+def test_every_module_has_graded_checks(source: Path) -> None:
+    if not (ROOT / "tests" / "graded" / f"test_{source.stem}.py").is_file():
+        pytest.skip(f"module {source.stem} has no graded checks yet (tests/graded/test_{source.stem}.py)")
+
+
+def test_unfilled_notebook_earns_zero(graded_module, tmp_path: Path) -> None:
+    module, source = graded_module
+    notebook = _write(build.student_notebook(source), tmp_path / f"{module}.ipynb")
+    report = grading.grade(module, ROOT, notebook)
+    assert report.possible > 0 and report.checks, f"{module}: no graded checks ran: {report.errors}"
+    passing = [check.name for check in report.checks if check.outcome == "passed"]
+    assert not passing, f"{module}: these checks pass without the student's code, so they grade nothing: {passing}"
+    assert all(check.outcome == "failed" for check in report.checks)
+    assert report.earned == 0
+
+
+def test_reference_notebook_earns_full_marks(graded_module, tmp_path: Path) -> None:
+    module, source = graded_module
+    notebook = _write(build.reference_notebook(source), tmp_path / f"{module}.ipynb")
+    report = grading.grade(module, ROOT, notebook)
+    failing = {check.name: check.message for check in report.checks if check.outcome != "passed"}
+    assert not failing and not report.errors, f"{module}: {failing} {report.errors}"
+    assert report.possible > 0 and report.earned == report.possible
+
+
+def test_committed_student_notebook_earns_zero(graded_module, capsys) -> None:
+    """`tinytrain grade NN --json` on the notebook students get reports earned and possible."""
+    from tinytrain.cli import main
+
+    module, _ = graded_module
+    status = main(["grade", module[:2], "--json", "--root", str(ROOT)])
+    result = json.loads(capsys.readouterr().out)
+    assert status == 1
+    assert result["module"] == module and result["earned"] == 0 and result["possible"] > 0
+    assert result["possible"] == sum(check["points"] for check in result["checks"])
+    assert all({"name", "points", "earned", "outcome", "hint", "message"} <= set(check) for check in result["checks"])
+
+
+@pytest.mark.parametrize("notebook", sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb")), ids=lambda p: p.stem)
+def test_student_notebooks_carry_nbgrader_metadata(notebook: Path) -> None:
+    """Solution cells are nbgrader answer cells, check cells locked test cells with their points."""
+    cells = nbformat.read(notebook, as_version=4).cells
+    ids = [cell.metadata["nbgrader"]["grade_id"] for cell in cells if "nbgrader" in cell.metadata]
+    assert len(ids) == len(set(ids)), "grade_ids must be unique"
+    stubs = 0
+    for cell in cells:
+        nbgrader = cell.metadata.get("nbgrader", {})
+        if cell.cell_type == "code" and "your code here\")" in cell.source:
+            stubs += 1
+            assert nbgrader.get("solution") is True and nbgrader.get("locked") is False, cell.id
+        if "check" in cell.metadata:
+            assert nbgrader.get("grade") is True and nbgrader.get("locked") is True, cell.id
+            assert nbgrader.get("points") == cell.metadata["check"] and not nbgrader.get("solution"), cell.id
+        if cell.cell_type == "markdown":
+            assert nbgrader.get("locked") is True, cell.id
+    assert stubs > 0, f"{notebook.name} has no cell for the student to fill in"
+
+
+# -- the loader ------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def reference_04(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("ref") / "04_layers.ipynb"
+    return _write(build.reference_notebook(ROOT / "modules/04_layers/04_layers.py"), path)
+
+
+def test_overlay_lays_fresh_modules_over_the_package_and_restores_it(reference_04: Path) -> None:
+    import tinytrain.nn
+    import tinytrain.nn.layers
+    import tinytrain.nn.module
+
+    package_layers, package_module = sys.modules["tinytrain.nn.layers"], sys.modules["tinytrain.nn.module"]
+    package_linear = tinytrain.nn.Linear
+    with grading.overlay(reference_04) as student:
+        assert sys.modules["tinytrain.nn.layers"] is student._tt_modules["nn/layers"] is not package_layers
+        assert sys.modules["tinytrain.nn.module"] is student._tt_modules["nn/module"]
+        assert tinytrain.nn.layers is student._tt_modules["nn/layers"]
+        # the student's layers are built on the student's own Module
+        assert student.Module in student.Linear.__mro__ and package_module.Module not in student.Linear.__mro__
+        from tinytrain.nn.module import Module  # imports inside the test see the student's code too
+
+        assert Module is student.Module
+        assert student.Linear is not package_linear
+    assert sys.modules["tinytrain.nn.layers"] is package_layers and sys.modules["tinytrain.nn.module"] is package_module
+    assert tinytrain.nn.layers is package_layers and tinytrain.nn.Linear is package_linear
+
+
+def test_overlay_restores_after_an_error(reference_04: Path) -> None:
+    before = dict(sys.modules)
+    with pytest.raises(KeyError):
+        with grading.overlay(reference_04):
+            raise KeyError("inside")
+    assert {name: module for name, module in sys.modules.items() if name.startswith("tinytrain")} == {
+        name: module for name, module in before.items() if name.startswith("tinytrain")
+    }
+
+
+def test_installed_code_is_the_package() -> None:
+    import tinytrain.nn.layers
+
+    student = grading.installed_code("04_layers")
+    assert student.Linear is tinytrain.nn.layers.Linear and student._tt_origin == "installed"
+    with pytest.raises(AttributeError, match="04_layers's export cells define no 'Nothing'"):
+        student.Nothing
+
+
+def _broken(tmp_path: Path, replace: str, by: str) -> Path:
+    notebook = build.student_notebook(ROOT / "modules/03_activations/03_activations.py")
+    cells = [cell for cell in notebook.cells if cell.metadata.get("export")]
+    for cell in cells:
+        if replace in cell.source:
+            cell.source = cell.source.replace(replace, by, 1)
+            break
+    else:
+        raise AssertionError(f"{replace!r} not found")
+    return _write(notebook, tmp_path / "03_activations.ipynb")
+
+
+def test_syntax_error_names_cell_and_line(tmp_path: Path) -> None:
+    notebook = _broken(tmp_path, "def relu(x: Tensor) -> Tensor:", "def relu(x: Tensor) -> Tensor")
+    cells = json.loads(notebook.read_text())["cells"]
+    number = next(i for i, cell in enumerate(cells, 1) if "def relu(x: Tensor) -> Tensor\n" in "".join(cell["source"]))
+    line = "".join(cells[number - 1]["source"]).splitlines().index("def relu(x: Tensor) -> Tensor") + 1
+    with pytest.raises(grading.NotebookError) as error:
+        with grading.overlay(notebook):
+            pass
+    message = str(error.value)
+    assert f"cell {number} (id 03_activations-" in message and f"line {line}:" in message and "SyntaxError" in message
+    report = grading.grade("03_activations", ROOT, notebook)
+    assert report.earned == 0 and report.errors and f"cell {number}" in report.errors[0]
+
+
+def test_ipython_magic_in_an_export_cell_is_explained(tmp_path: Path) -> None:
+    notebook = _broken(tmp_path, "import math", "%timeit 1 + 1")
+    with pytest.raises(grading.NotebookError, match="IPython magics"):
+        with grading.overlay(notebook):
+            pass
+
+
+def test_runtime_error_names_cell_and_line(tmp_path: Path) -> None:
+    notebook = _broken(tmp_path, "import math", "import math\nraise RuntimeError('boom')")
+    cells = json.loads(notebook.read_text())["cells"]
+    number, cell = next((i, cell) for i, cell in enumerate(cells, 1) if "boom" in "".join(cell["source"]))
+    line = "".join(cell["source"]).splitlines().index("raise RuntimeError('boom')") + 1
+    with pytest.raises(grading.NotebookError, match=rf"cell {number} \(id {cell['id']}\), line {line}: .*RuntimeError: boom"):
+        with grading.overlay(notebook):
+            pass
+
+
+def test_missing_and_malformed_notebooks(tmp_path: Path) -> None:
+    with pytest.raises(grading.NotebookError, match="does not exist"):
+        grading.read_export_cells(tmp_path / "nope.ipynb")
+    (tmp_path / "bad.ipynb").write_text("{not json")
+    with pytest.raises(grading.NotebookError, match="not a Jupyter notebook"):
+        grading.read_export_cells(tmp_path / "bad.ipynb")
+
+
+def test_notebook_of_another_module_is_refused(reference_04: Path) -> None:
+    with pytest.raises(grading.NotebookError, match="notebook of module 04_layers, not 03_activations"):
+        with grading.overlay(reference_04, "03_activations"):
+            pass
+
+
+def test_resolve_module() -> None:
+    assert grading.resolve_module("4", ROOT) == grading.resolve_module("04", ROOT) == "04_layers"
+    assert grading.resolve_module("layers", ROOT) == grading.resolve_module("04_layers", ROOT) == "04_layers"
+    with pytest.raises(grading.UnknownModule, match="unknown module '99'; the modules are: 01_tensor"):
+        grading.resolve_module("99", ROOT)
+
+
+def test_check_decorator_validates() -> None:
+    with pytest.raises(ValueError):
+        grading.check(points=0, hint="x")
+    with pytest.raises(ValueError):
+        grading.check(points=1, hint=" ")
+
+    @grading.check(points=3, hint="a hint")
+    def test_something(student):
+        pass
+
+    assert (test_something.tinytrain_points, test_something.tinytrain_hint) == (3, "a hint")
+
+
+def test_graded_folder_refuses_ungraded_tests(tmp_path: Path) -> None:
+    folder = tmp_path / "tests" / "graded"
+    folder.mkdir(parents=True)
+    (folder / "conftest.py").write_text((ROOT / "tests/graded/conftest.py").read_text())
+    (folder / "test_03_activations.py").write_text(
+        "from tinytrain.grading import check\n\n"
+        "def test_plain(student):\n    pass\n\n"
+        "@check(points=1, hint='h')\ndef test_no_student():\n    pass\n"
+    )
+    collector = grading.run_checks([folder / "test_03_activations.py"], None, tmp_path)
+    text = "\n".join(collector.errors)
+    assert "test_plain: not a graded check" in text and "test_no_student: a graded check must take the `student`" in text
+
+
+# -- export ------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("source", build.module_sources(ROOT), ids=lambda path: path.stem)
+def test_export_of_the_reference_rebuilds_the_library_files(source: Path, tmp_path: Path) -> None:
+    """The own-module imports the build turned into comments come back as the same imports."""
+    module = build.load_module(source)
+    notebook = _write(build.reference_notebook(source), tmp_path / f"{module.name}.ipynb")
+    texts, warnings = grading.export_texts(notebook, module.name)
+    assert not warnings
+    for target, text in texts.items():
+        header, body = text.split("\n", 1)
+        assert header.startswith("# Exported by `tinytrain export` from ") and f"(module {module.name})" in header
+        assert body == build.library_file(module, target).split("\n", 1)[1], target
+
+
+def test_export_warns_about_names_from_lesson_cells(tmp_path: Path) -> None:
+    notebook = _broken(tmp_path, "import math", "import math\n\n\ndef uses():\n    return helper(1)")
+    _, warnings = grading.export_texts(notebook, "03_activations")
+    assert any("helper" in warning and "no export cell" in warning for warning in warnings)
+
+
+def test_free_names() -> None:
+    code = "import math\nX = 1\ndef f(a):\n    b = a\n    return g(b) + X + math.pi + len([])\nclass C(Base):\n    y = X\n"
+    assert grading.free_names(code) == {"g", "Base"}
+
+
+def test_an_endless_loop_fails_its_check(tmp_path: Path, monkeypatch) -> None:
+    notebook = build.reference_notebook(ROOT / "modules/03_activations/03_activations.py")
+    cell = next(cell for cell in notebook.cells if cell.metadata.get("export") and "return x.relu()" in cell.source)
+    cell.source = cell.source.replace("return x.relu()", "while True:\n        pass")
+    path = _write(notebook, tmp_path / "03_activations.ipynb")
+    monkeypatch.setenv("TINYTRAIN_CHECK_TIMEOUT", "1")
+    report = grading.grade("03_activations", ROOT, path)
+    relu = next(check for check in report.checks if check.name == "test_relu")
+    assert relu.outcome == "failed" and "TimeoutError" in relu.message
+    assert report.earned == report.possible - relu.points
