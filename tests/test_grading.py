@@ -226,12 +226,12 @@ def test_graded_folder_refuses_ungraded_tests(tmp_path: Path) -> None:
     folder = tmp_path / "tests" / "graded"
     folder.mkdir(parents=True)
     (folder / "conftest.py").write_text((ROOT / "tests/graded/conftest.py").read_text())
-    (folder / "test_03_activations.py").write_text(
+    (folder / "test_03_ungraded_examples.py").write_text(
         "from tinytrain.grading import check\n\n"
         "def test_plain(student):\n    pass\n\n"
         "@check(points=1, hint='h')\ndef test_no_student():\n    pass\n"
     )
-    collector = grading.run_checks([folder / "test_03_activations.py"], None, tmp_path)
+    collector = grading.run_checks([folder / "test_03_ungraded_examples.py"], None, tmp_path)
     text = "\n".join(collector.errors)
     assert "test_plain: not a graded check" in text and "test_no_student: a graded check must take the `student`" in text
 
