@@ -5,10 +5,15 @@ pool to one thread, because two-thread timings on small VMs swing by 10x.
 """
 from __future__ import annotations
 
+import json
 import os
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
-from typing import Callable
+from pathlib import Path
+from typing import Any, Callable
 
 for _variable in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMEXPR_NUM_THREADS"):
     os.environ.setdefault(_variable, "1")
@@ -25,6 +30,129 @@ def median_seconds(step: Callable[[], object], repeats: int = 30, warmup: int = 
             step()
         samples.append((time.perf_counter() - start) / inner)
     return statistics.median(samples)
+
+
+def run_isolated(target: str, *args: Any) -> Any:
+    """``module:function(*args)`` called in a fresh Python process; its JSON-able result.
+
+    The module is imported from this directory after this module (so BLAS is
+    pinned to one thread there too). A fresh process has only its own heap
+    history: glibc grows and trims the C heap as large arrays come and go, and a
+    trimmed heap is faulted in again page by page, so what one implementation
+    allocated must not change another's timings. Each side thus runs as it
+    would in a script of its own.
+    """
+    module, function = target.split(":")
+    bootstrap = (
+        "import json, sys; sys.path.insert(0, sys.argv[1]); import _timing, importlib; "
+        "result = getattr(importlib.import_module(sys.argv[2]), sys.argv[3])(*json.loads(sys.argv[4])); "
+        "print('\\n' + json.dumps(result))"
+    )
+    completed = subprocess.run(
+        [sys.executable, "-c", bootstrap, str(Path(__file__).parent), module, function, json.dumps(args)],
+        capture_output=True, text=True,
+    )
+    if completed.returncode != 0:
+        raise RuntimeError(f"benchmark process {target}{args} failed:\n{completed.stderr}")
+    return json.loads(completed.stdout.strip().splitlines()[-1])
+
+
+_WORKER = """
+import json, os, sys, time
+if sys.argv[7] != "-":
+    os.sched_setaffinity(0, {int(sys.argv[7])})
+sys.path.insert(0, sys.argv[1])
+import _timing, importlib
+try:
+    import resource
+except ImportError:
+    resource = None
+build = getattr(importlib.import_module(sys.argv[2]), sys.argv[3])
+step = build(*json.loads(sys.argv[4]))
+inner, warmup = int(sys.argv[5]), int(sys.argv[6])
+first = [step() for _ in range(3)]
+for _ in range(warmup):
+    step()
+faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt if resource else 0
+steps = 0
+print("ready", flush=True)
+for command in sys.stdin:
+    if command.strip() != "go":
+        break
+    start = time.perf_counter()
+    for _ in range(inner):
+        step()
+    print((time.perf_counter() - start) / inner, flush=True)
+    steps += inner
+faults = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults) / max(steps, 1) if resource else None
+print(json.dumps({"first": first, "faults_per_step": faults}), flush=True)
+"""
+
+
+def lockstep_medians(
+    builders: dict[str, tuple[str, tuple]], repeats: int = 30, warmup: int = 10, inner: int = 1
+) -> dict[str, dict[str, Any]]:
+    """Median wall time of each implementation's step, each in a process of its own, timed in turns.
+
+    ``builders`` maps names to ``("module:function", args)``: the function,
+    imported from this directory after this module (so BLAS is pinned to one
+    thread there too), returns the step to time. Every implementation runs in
+    a fresh Python process: glibc grows and trims the C heap as large arrays
+    come and go, and a trimmed heap is faulted in again page by page, so one
+    implementation's allocations must not change another's timings — each runs
+    as it would in a script of its own. The processes are built and warmed up,
+    then told in turn to time one sample of ``inner`` steps, ``repeats``
+    rounds, starting each round with the next implementation: a slow phase of
+    a shared machine hits all of them alike. Only one runs at a time (the
+    others wait on their pipe), and where the OS allows it all run on the same
+    CPU, so that no implementation gets a quieter core than another.
+
+    Returns per name the median ``seconds`` per step, the ``first`` three
+    results of the step (so callers can check that implementations agree) and
+    the minor page faults per timed step (``faults_per_step``).
+    """
+    cpu = str(max(os.sched_getaffinity(0))) if hasattr(os, "sched_getaffinity") else "-"
+    workers = {}
+    try:
+        for name, (target, args) in builders.items():
+            module, function = target.split(":")
+            workers[name] = subprocess.Popen(
+                [sys.executable, "-c", _WORKER, str(Path(__file__).parent), module, function, json.dumps(args),
+                 str(inner), str(warmup), cpu],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=tempfile.TemporaryFile("w+"), text=True,
+            )
+            _expect(workers[name], name, "ready")  # built and warmed up before the next one starts
+        samples: dict[str, list[float]] = {name: [] for name in workers}
+        names = list(workers)
+        for round_number in range(repeats):
+            first = round_number % len(names)
+            for name in names[first:] + names[:first]:
+                workers[name].stdin.write("go\n")
+                workers[name].stdin.flush()
+                samples[name].append(float(_expect(workers[name], name)))
+        results = {}
+        for name, worker in workers.items():
+            worker.stdin.write("stop\n")
+            worker.stdin.flush()
+            results[name] = {"seconds": statistics.median(samples[name]), **json.loads(_expect(worker, name))}
+            worker.wait()
+        return results
+    finally:
+        for worker in workers.values():
+            if worker.poll() is None:
+                worker.kill()
+                worker.wait()
+
+
+def _expect(worker: subprocess.Popen, name: str, expected: str | None = None) -> str:
+    """The next line a worker prints (``expected`` if given), or its error."""
+    line = worker.stdout.readline().strip()
+    if not line or (expected is not None and line != expected):
+        worker.kill()
+        worker.wait()
+        worker.stderr.seek(0)
+        raise RuntimeError(f"benchmark process {name!r} failed:\n{worker.stderr.read()}")
+    return line
 
 
 def torch_or_none():

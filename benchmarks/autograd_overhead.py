@@ -50,6 +50,27 @@ def numpy_step(x: np.ndarray) -> np.ndarray:
     return grad
 
 
+def build(name: str, size: int = 64):
+    """Entry point of a benchmark process (``benchmarks/run.py``): one side's step on ``size`` values."""
+    start = np.random.default_rng(0).standard_normal(size).astype(np.float32)
+    if name == "tinytrain":
+        x = tt.tensor(start, requires_grad=True)
+        return lambda: tinytrain_step(x)
+    if name == "numpy":
+        def step() -> None:
+            numpy_step(start)
+
+        return step
+    torch = torch_or_none()
+    xt = torch.tensor(start, requires_grad=True)
+
+    def torch_step() -> None:
+        xt.grad = None
+        chain(xt).backward()
+
+    return torch_step
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size", type=int, default=64, help="elements per tensor (default 64)")

@@ -8,7 +8,7 @@ Same as ``tinytrain milestone mlp``; see ``tinytrain/milestones.py``.
 """
 import sys
 
-from tinytrain.milestones import main
+from tinytrain.cli import main
 
 if __name__ == "__main__":
-    sys.exit(main("mlp", sys.argv[1:]))
+    sys.exit(main(["milestone", "mlp", *sys.argv[1:]]))

@@ -256,6 +256,88 @@ def test_retain_graph_allows_second_backward(device):
     assert_grad(x, [4.0, 8.0])
 
 
+# -- a leaf's first gradient: adopted only when nothing else holds it ----------------------------
+
+def test_gradients_handed_to_two_leaves_are_not_shared(device):
+    a, b = leaf([1.0, 2.0], device), leaf([3.0, 4.0], device)
+    seed = tt.tensor([1.0, 10.0], dtype=tt.float64, device=device)
+    (a + b).backward(seed)  # the addition passes the user's array on, unchanged, to both leaves
+    (a * 1).sum().backward()
+    assert_grad(a, [2.0, 11.0])
+    assert_grad(b, [1.0, 10.0])
+    np.testing.assert_array_equal(seed.numpy(), [1.0, 10.0])
+
+
+def test_view_of_a_shared_gradient_is_copied(device):
+    x, w = leaf([[1.0, 2.0], [3.0, 4.0]], device), leaf([0.0, 0.0, 0.0, 0.0], device)
+    (x.reshape(4) + w).sum().backward()  # x gets a view of the gradient that w gets
+    (w * 2).sum().backward()
+    assert_grad(x, [[1.0, 1.0], [1.0, 1.0]])
+    assert_grad(w, [3.0, 3.0, 3.0, 3.0])
+
+
+class ReturnsSaved(Function):
+    """``2 x`` whose backward returns an array it keeps (valid for an all-ones ``grad``)."""
+
+    def forward(self, x):
+        self.slope = x * 0 + 2
+        return x * 2
+
+    def backward(self, grad):
+        return (self.slope,)
+
+
+def test_array_kept_by_a_retained_graph_is_copied(device):
+    x = leaf([1.0, 5.0], device)
+    y = ReturnsSaved.apply(x)
+    ones = tt.ones(2, dtype=tt.float64, device=device)
+    for _ in range(3):
+        y.backward(ones, retain_graph=True)
+    assert_grad(x, [6.0, 6.0])
+
+
+class SwapsInputs(Function):
+    """``x * y`` for an all-ones ``grad``: its backward returns the inputs' own arrays."""
+
+    def forward(self, x, y):
+        self.x, self.y = x, y
+        return x * y
+
+    def backward(self, grad):
+        return self.y, self.x
+
+
+def test_input_array_returned_as_gradient_is_copied(device):
+    x, y = leaf([1.0, 2.0], device), leaf([3.0, 4.0], device)
+    SwapsInputs.apply(x, y).backward(tt.ones(2, dtype=tt.float64, device=device))
+    (x * 1).sum().backward()
+    assert_grad(x, [4.0, 5.0])
+    np.testing.assert_array_equal(y.numpy(), [3.0, 4.0])
+    np.testing.assert_array_equal(y.grad.numpy(), [1.0, 2.0])
+
+
+made = []
+
+
+class Doubles(Function):
+    """``2 x``; records the gradient array it returns, to see whether the engine copies it."""
+
+    def forward(self, x):
+        return x * 2
+
+    def backward(self, grad):
+        made.append(grad * 2)
+        return (made[-1],)
+
+
+def test_new_gradient_array_is_adopted_without_a_copy(device):
+    x = leaf([1.0, 2.0], device)
+    made.clear()
+    Doubles.apply(x).backward(tt.ones(2, dtype=tt.float64, device=device))
+    assert x.grad.data is made[0], "a new, unshared gradient array should become .grad as it is"
+    assert_grad(x, [2.0, 2.0])
+
+
 def test_freed_graph_still_allows_new_graphs_from_same_leaves(device):
     x = leaf([1.0], device)
     (x * x).sum().backward()

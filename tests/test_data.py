@@ -318,6 +318,53 @@ def test_a_newer_iterator_makes_the_older_one_stale():
     assert next(new)[1].numpy().tolist() == [0, 1]
 
 
+def test_an_iterator_never_advanced_uses_up_no_epoch():
+    """tqdm calls iter() on what it wraps more than once: the epoch starts at the first next()."""
+    reference = DataLoader(labelled(10), batch_size=3, shuffle=True, seed=5)
+    expected = [label_batches(reference), label_batches(reference)]
+    loader = DataLoader(labelled(10), batch_size=3, shuffle=True, seed=5)
+    before = loader.state_dict()
+    iter(loader)  # made and dropped, never advanced
+    iter(loader)
+    assert loader.state_dict() == before and loader.epoch == 0
+    assert label_batches(loader) == expected[0]
+    unused = iter(loader)
+    assert label_batches(loader) == expected[1] and loader.epoch == 2
+    with pytest.raises(RuntimeError, match="stale"):
+        next(unused)
+
+
+def test_an_iterator_never_advanced_keeps_a_resumed_epoch():
+    straight = DataLoader(labelled(10), batch_size=3, shuffle=True, seed=2)
+    expected = label_batches(straight)[2:] + label_batches(straight)
+    interrupted = DataLoader(labelled(10), batch_size=3, shuffle=True, seed=2)
+    iterator = iter(interrupted)
+    next(iterator), next(iterator)
+    resumed = DataLoader(labelled(10), batch_size=3, shuffle=True, seed=9)
+    resumed.load_state_dict(interrupted.state_dict())
+    iter(resumed)  # dropped: the next loop still serves the rest of the interrupted epoch
+    assert label_batches(resumed) + label_batches(resumed) == expected
+
+
+def test_batches_from_the_fast_path_are_not_copied_again(monkeypatch):
+    ds = labelled(12)
+    gathered = []
+    original = TensorDataset.__getitems__
+
+    def spy(self, indices):
+        batch = original(self, indices)
+        gathered.append(batch)
+        return batch
+
+    monkeypatch.setattr(TensorDataset, "__getitems__", spy)
+    xb, yb = next(iter(DataLoader(ds, batch_size=4)))
+    features, labels = gathered[0]
+    assert yb.data is labels, "new int64 labels become the tensor as they are"
+    assert xb.dtype == np.float32 and features.dtype == np.float64, "float64 features are converted"
+    yb.data[...] = -1
+    np.testing.assert_array_equal(ds.arrays[1], np.arange(12))  # the batch is no view of the dataset
+
+
 # -- exact resume --------------------------------------------------------------------------
 
 
@@ -357,7 +404,8 @@ def test_resume_serves_exactly_the_remaining_and_following_batches(
 
     resumed = DataLoader(ds, batch_size=batch_size, shuffle=shuffle, drop_last=drop_last, seed=1234)
     resumed.load_state_dict(state)
-    finished = served == len(interrupted)  # serving an epoch's last batch ends it (an empty epoch ends at once)
+    # serving an epoch's last batch ends it; an iterator never advanced has not started its epoch (not even an empty one)
+    finished = 0 < served == len(interrupted)
     assert resumed.epoch == epochs_before + finished
     for _ in range(2 if finished else 3):  # the rest of the interrupted epoch, then two more
         got += label_batches(resumed)

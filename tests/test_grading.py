@@ -41,8 +41,8 @@ def graded_module(request) -> tuple[str, Path]:
 
 @pytest.mark.parametrize("source", build.module_sources(ROOT), ids=lambda path: path.stem)
 def test_every_module_has_graded_checks(source: Path) -> None:
-    if not (ROOT / "tests" / "graded" / f"test_{source.stem}.py").is_file():
-        pytest.skip(f"module {source.stem} has no graded checks yet (tests/graded/test_{source.stem}.py)")
+    graded = ROOT / "tests" / "graded" / f"test_{source.stem}.py"
+    assert graded.is_file(), f"module {source.stem} has no graded checks: write {graded.relative_to(ROOT)}"
 
 
 def test_unfilled_notebook_earns_zero(graded_module, tmp_path: Path) -> None:

@@ -418,6 +418,38 @@ def test_state_dict_is_a_snapshot_and_load_copies(device):
     assert all(np.abs(p.numpy()).max() < 50 for p in other.params)
 
 
+def test_state_dict_without_copy_holds_the_same_values(device):
+    params = make_params(initial_values(), device)
+    optimizer = Adam(params, lr=0.1)
+    run(optimizer, params, gradient_sequence(2))
+    copied, shared = optimizer.state_dict(), optimizer.state_dict(copy=False)
+    assert is_plain(shared)
+    for a, b in zip(copied["state"], shared["state"]):
+        assert a.keys() == b.keys()
+        for key in a:
+            np.testing.assert_array_equal(a[key], b[key])
+    if device == "cpu":  # host buffers are handed out as they are
+        assert shared["state"][0]["exp_avg"] is optimizer.state[0]["exp_avg"]
+
+
+def test_load_state_dict_without_copy_resumes_the_same(device):
+    params = make_params(initial_values(), device)
+    optimizer = SGD(params, lr=0.1, momentum=0.9)
+    run(optimizer, params, gradient_sequence(2))
+    saved = pickle.loads(pickle.dumps(optimizer.state_dict()))  # as read from a checkpoint
+    saved["state"][1]["momentum_buffer"].flags.writeable = False  # a read-only buffer must still be copied
+    twin_params = [tt.tensor(p.numpy(), device=device, requires_grad=True) for p in params]
+    twin = SGD(twin_params, lr=0.5, momentum=0.0)
+    twin.load_state_dict(saved, copy=False)
+    run(optimizer, params, gradient_sequence(3, seed=4))
+    run(twin, twin_params, gradient_sequence(3, seed=4))
+    for a, b in zip(params, twin_params):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())
+    if device == "cpu":
+        assert twin.state[0]["momentum_buffer"] is saved["state"][0]["momentum_buffer"]
+        assert twin.state[1]["momentum_buffer"] is not saved["state"][1]["momentum_buffer"]
+
+
 def test_load_state_dict_moves_to_the_parameters_device_and_dtype(device):
     source = make_params(initial_values(), "cpu")
     optimizer = Adam(source, lr=0.01)

@@ -41,6 +41,9 @@ class Function:
     Subclasses implement ``forward(*arrays, **params) -> array`` and
     ``backward(grad) -> tuple`` (one array or ``None`` per input). Inside both,
     ``self.xp`` is the array namespace and ``self.backend`` the backend.
+    ``backward`` may return new arrays, views, ``grad`` itself or an input's
+    array, but never an array kept anywhere else (a cache, another tensor's
+    data): the engine may keep a new array as a leaf's ``.grad`` without a copy.
     """
 
     output_backend = None  # set by an operation whose result lives on another device
@@ -106,12 +109,40 @@ def _recorded_inputs(fn: Function) -> tuple:
     return inputs
 
 
-def _accumulate(leaf: Any, grad: Any) -> None:
-    """Add ``grad`` into ``leaf.grad`` (a copy on first use: ``grad`` may be shared)."""
-    if leaf.grad is None:
-        leaf.grad = leaf._make(leaf._backend.xp.array(grad, dtype=leaf.dtype), leaf._backend)
-    else:
+def _unshared(grad: Any, grads: tuple, incoming: Any, inputs: tuple) -> bool:
+    """Whether ``grad``, one of the ``grads`` that a backward returned, is a new array nobody else holds.
+
+    True unless it is a view (it shares memory with the array it views: the
+    incoming gradient or a saved array), the ``incoming`` gradient itself (an
+    addition passes it on unchanged), returned for two inputs at once, or the
+    data of one of the operation's ``inputs``.
+    """
+    if grad is incoming or getattr(grad, "base", True) is not None:  # or a view, or not an array at all
+        return False
+    holders = 0
+    for other in grads:  # plain loops: this runs for every parameter on every step
+        if other is grad:
+            holders += 1
+    for t in inputs:
+        if t.data is grad:
+            return False
+    return holders == 1
+
+
+def _accumulate(leaf: Any, grad: Any, unshared: bool = False) -> None:
+    """Add ``grad`` into ``leaf.grad``.
+
+    On first use ``leaf.grad`` takes ``grad`` itself when it is ``unshared`` (see
+    :func:`_unshared`) and of the leaf's dtype, otherwise a copy: a shared array
+    would change under its other holder when the next backward adds into it.
+    Adopting saves a copy of every parameter's gradient on every training step.
+    """
+    if leaf.grad is not None:
         leaf.grad.data += grad
+    elif unshared and grad.dtype == leaf.dtype and leaf._backend.is_array(grad):
+        leaf.grad = leaf._make(grad, leaf._backend)
+    else:
+        leaf.grad = leaf._make(leaf._backend.xp.array(grad, dtype=leaf.dtype), leaf._backend)
 
 
 def backward(tensor: Any, grad: Any = None, retain_graph: bool = False) -> None:
@@ -142,12 +173,15 @@ def backward(tensor: Any, grad: Any = None, retain_graph: bool = False) -> None:
     while newest_first:
         fn = heapq.heappop(newest_first)[1]
         inputs = _recorded_inputs(fn)
-        for parent, parent_grad in zip(inputs, fn.backward(output_grads.pop(fn))):
+        incoming = output_grads.pop(fn)
+        grads = fn.backward(incoming)
+        for parent, parent_grad in zip(inputs, grads):
             if parent_grad is None or not parent.requires_grad:
                 continue
             creator = parent._ctx
-            if creator is None:
-                _accumulate(parent, parent_grad)
+            if creator is None:  # a leaf; with retain_graph, fn keeps its saved arrays: never adopt one
+                unshared = not retain_graph and _unshared(parent_grad, grads, incoming, inputs)
+                _accumulate(parent, parent_grad, unshared)
             elif creator in output_grads:
                 output_grads[creator] = output_grads[creator] + parent_grad
             else:

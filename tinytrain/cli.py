@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -312,7 +313,15 @@ def _status(args: argparse.Namespace) -> int:
 
 # -- milestones and doctor -----------------------------------------------------------------------
 def _milestone(args: argparse.Namespace) -> int:
-    """``tinytrain milestone NAME [options]``: run a milestone training script."""
+    """``tinytrain milestone NAME [options]``: run a milestone training script.
+
+    Asks for one BLAS thread unless the environment already chose: the matrix
+    products of these small networks are too small to share, and on a busy
+    2-core machine a second thread mostly waits (epochs measured 4-15x slower).
+    This must happen before NumPy is imported.
+    """
+    for variable in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ.setdefault(variable, "1")
     try:
         from tinytrain import milestones
     except ModuleNotFoundError as error:
@@ -387,32 +396,13 @@ def _doctor_numpy(root: Path | None) -> list[Finding]:
 
 
 def _doctor_cupy(root: Path | None) -> list[Finding]:
-    import importlib.util
-
-    if importlib.util.find_spec("cupy") is None:
-        return [Finding("info", "CuPy is not installed: tensors run on the CPU (device='cuda' needs CuPy and an "
-                                "NVIDIA GPU; pip install 'tinytrain[cuda12]' or '[cuda13]', matching your CUDA)")]
+    """The GPU findings of ``tinytrain.cuda.gpu_report`` (driver, CuPy wheel, devices)."""
     try:
-        import cupy
-    except Exception as error:
-        return [Finding("FAIL", f"CuPy is installed but does not import: {type(error).__name__}: {error}",
-                        "install the CuPy wheel for your CUDA version: pip uninstall cupy-cuda12x cupy-cuda13x, "
-                        "then pip install 'tinytrain[cuda12]' (CUDA 12) or 'tinytrain[cuda13]' (CUDA 13)")]
-    try:
-        count = cupy.cuda.runtime.getDeviceCount()
-    except Exception as error:
-        return [Finding("WARN", f"CuPy {cupy.__version__} is installed but sees no GPU ({error})",
-                        "check the NVIDIA driver with `nvidia-smi`; without a GPU use device='cpu'")]
-    if count == 0:
-        return [Finding("WARN", f"CuPy {cupy.__version__} is installed but sees no GPU",
-                        "check the NVIDIA driver with `nvidia-smi`; without a GPU use device='cpu'")]
-    names = []
-    for index in range(count):
-        try:
-            names.append(cupy.cuda.runtime.getDeviceProperties(index)["name"].decode())
-        except Exception:
-            names.append(f"GPU {index}")
-    return [Finding("ok", f"CuPy {cupy.__version__}, {count} GPU(s): {', '.join(names)}")]
+        from tinytrain.cuda import gpu_report
+    except Exception as error:  # e.g. a broken export of Module 01 or 10
+        return [Finding("FAIL", f"tinytrain.cuda does not import: {type(error).__name__}: {error}",
+                        "tinytrain reset 10 (or 01) restores the reference")]
+    return [Finding("FAIL" if not ok else "info" if fix else "ok", line, fix or "") for ok, line, fix in gpu_report()]
 
 
 def _install_kind() -> tuple[str, str | None]:

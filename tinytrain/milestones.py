@@ -1,7 +1,8 @@
 """The milestones: train a real model end to end with the library.
 
 ``python milestones/mlp.py`` (or ``tinytrain milestone mlp``) trains a
-multi-layer perceptron; ``cnn`` a convolutional network once Module 09 exists.
+multi-layer perceptron; ``python milestones/cnn.py`` (``tinytrain milestone cnn``)
+a convolutional network (Module 09).
 Every run uses ``Trainer.fit`` with a cosine schedule, gradient clipping,
 per-epoch checkpoints (the last one and the best by validation accuracy), a CSV
 log and a PNG of the curves, all in ``--out``. It prints the test accuracy and
@@ -20,11 +21,12 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import os
 import sys
 import time
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -53,6 +55,7 @@ class Settings:
     clip_norm: float = 5.0
     validation_fraction: float = 0.1
     device: str = "cpu"
+    precision: str = "32-true"
     seed: int = 0
     out: str = ""
     data_root: str = ""
@@ -65,17 +68,10 @@ class Milestone:
     datasets: tuple[str, ...]
     pass_marks: dict[str, float]  # test accuracy needed, per dataset
     defaults: Settings
+    # (image shape (C, H, W), number of classes, dataset name) -> a fresh model on the CPU
+    build_model: Callable[[tuple[int, ...], int, str], Any]
+    eval_batch_size: int = 512  # validation and test batches (no gradients: larger than training's)
 
-
-MILESTONES = {
-    "mlp": Milestone(
-        name="mlp",
-        description="a multi-layer perceptron (Modules 01-08)",
-        datasets=("digits", "mnist", "fashion-mnist"),
-        pass_marks={"digits": 0.97, "mnist": 0.98, "fashion-mnist": 0.88},
-        defaults=Settings(),
-    ),
-}
 
 HIDDEN_SIZES = {"digits": (128, 64), "mnist": (256, 128), "fashion-mnist": (256, 128)}
 
@@ -96,6 +92,7 @@ def _parser(milestone: Milestone) -> argparse.ArgumentParser:
         "clip_norm": "clip the global gradient norm to this (0: no clipping)",
         "validation_fraction": "share of the training set held out to pick the best checkpoint",
         "device": "cpu, cuda, cuda:1, ...",
+        "precision": "32-true, or 16-mixed: float16 compute, float32 master weights, dynamic loss scaling",
         "out": "folder for checkpoints, log, plot and settings (default runs/<milestone>-<dataset>)",
         "data_root": "folder that already holds the dataset's standard files (no download)",
     }
@@ -104,6 +101,9 @@ def _parser(milestone: Milestone) -> argparse.ArgumentParser:
         parser.add_argument(f"--{name.replace('_', '-')}", type=caster, default=None, help=helps.get(name))
     parser.add_argument("--config", type=Path, help="read settings from this TOML file (options given here win)")
     parser.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
+    parser.add_argument("--distributed", action="store_true",
+                        help="data-parallel over MPI, launched as `mpirun -n P python milestones/mlp.py "
+                             "--distributed` (--batch-size is per rank; needs mpi4py)")
     parser.add_argument("--stop-after", type=int, default=None, metavar="N",
                         help="train at most N epochs in this invocation (then --resume goes on)")
     return parser
@@ -167,6 +167,8 @@ def _validate(milestone: Milestone, settings: Settings) -> None:
         problems.append(f"need 0 < min_lr <= lr, got min_lr={settings.min_lr}, lr={settings.lr}")
     if not 0 <= settings.warmup < settings.epochs:
         problems.append(f"warmup must be in [0, epochs), got {settings.warmup}")
+    if settings.precision not in ("32-true", "16-mixed"):
+        problems.append(f"precision must be 32-true or 16-mixed, got {settings.precision!r}")
     if settings.clip_norm < 0:
         problems.append(f"clip_norm must be >= 0 (0 turns clipping off), got {settings.clip_norm}")
     if not 0 < settings.validation_fraction < 1:
@@ -211,6 +213,57 @@ def build_mlp(input_size: int, hidden: Sequence[int], classes: int) -> tt.nn.Mod
     return tt.nn.Sequential(*layers)
 
 
+def _mlp_for(image_shape: tuple[int, ...], classes: int, dataset: str) -> tt.nn.Module:
+    return build_mlp(int(np.prod(image_shape)), HIDDEN_SIZES[dataset], classes)
+
+
+# Per dataset: the output channels of each convolution stage (two convolutions per
+# stage for the larger images), each stage ending in a 2x2 max pool.
+CNN_STAGES = {"digits": ((32, 32), (64,)), "mnist": ((32, 32), (64, 64)), "fashion-mnist": ((32, 32), (64, 64)),
+              "cifar10": ((32, 32), (64, 64), (128, 128))}
+
+
+def build_cnn(image_shape: tuple[int, ...], classes: int, dataset: str) -> tt.nn.Module:
+    """Stages of 3x3 convolutions (padding 1), each followed by BatchNorm2d and ReLU, each
+    stage ending in a 2x2 max pool; then dropout and one Linear layer to the classes.
+
+    Digits (1x8x8): 1->32->32, pool, ->64, pool: 64x2x2 features. MNIST (1x28x28):
+    two stages of two convolutions, 64x7x7. CIFAR-10 (3x32x32): three stages, 128x4x4.
+    """
+    channels, height, width = image_shape
+    layers: list[tt.nn.Module] = []
+    for stage in CNN_STAGES[dataset]:
+        for out_channels in stage:
+            layers += [tt.nn.Conv2d(channels, out_channels, 3, padding=1, bias=False),
+                       tt.nn.BatchNorm2d(out_channels), tt.nn.ReLU()]
+            channels = out_channels
+        layers.append(tt.nn.MaxPool2d(2))
+        height, width = height // 2, width // 2
+    layers += [tt.nn.Flatten(), tt.nn.Dropout(0.25), tt.nn.Linear(channels * height * width, classes)]
+    return tt.nn.Sequential(*layers)
+
+
+MILESTONES = {
+    "mlp": Milestone(
+        name="mlp",
+        description="a multi-layer perceptron (Modules 01-08)",
+        datasets=("digits", "mnist", "fashion-mnist"),
+        pass_marks={"digits": 0.97, "mnist": 0.98, "fashion-mnist": 0.88},
+        defaults=Settings(),
+        build_model=_mlp_for,
+    ),
+    "cnn": Milestone(
+        name="cnn",
+        description="a convolutional network (Modules 01-09)",
+        datasets=("digits", "mnist", "fashion-mnist", "cifar10"),
+        pass_marks={"digits": 0.98, "mnist": 0.99, "fashion-mnist": 0.90, "cifar10": 0.70},
+        defaults=Settings(epochs=20, lr=0.05, min_lr=0.0005),
+        build_model=build_cnn,
+        eval_batch_size=128,
+    ),
+}
+
+
 class PrintEpoch(Callback):
     """One line per epoch on standard output."""
 
@@ -226,29 +279,38 @@ def _last_checkpoint(directory: Path) -> Path | None:
 
 
 # -- the run -------------------------------------------------------------------------------
-def run(milestone: Milestone, settings: Settings, resume: bool = False, stop_after: int | None = None) -> dict:
-    """Train, evaluate on the test set, write the outputs; returns the result summary."""
+def run(milestone: Milestone, settings: Settings, resume: bool = False, stop_after: int | None = None,
+        distributed: bool = False) -> dict:
+    """Train, evaluate on the test set, write the outputs; returns the result summary.
+
+    ``distributed``: this process is one MPI rank of a data-parallel run; only
+    rank 0 writes files."""
+    comm = tt.distributed.world() if distributed else None
+    writer = comm is None or comm.Get_rank() == 0
     out = Path(settings.out)
     out.mkdir(parents=True, exist_ok=True)
-    atomic_write(out / SETTINGS_FILE, lambda file: file.write(settings_toml(settings).encode()))
+    if writer:
+        atomic_write(out / SETTINGS_FILE, lambda file: file.write(settings_toml(settings).encode()))
     tt.manual_seed(settings.seed)
 
     full_train = load_dataset(settings.dataset, True, settings.data_root)
     test = load_dataset(settings.dataset, False, settings.data_root)
     train, validation = split_train_validation(full_train, settings.validation_fraction, settings.seed)
     train_loader = DataLoader(train, batch_size=settings.batch_size, shuffle=True, seed=settings.seed,
-                              device=settings.device)
-    val_loader = DataLoader(validation, batch_size=512, device=settings.device)
-    test_loader = DataLoader(test, batch_size=512, device=settings.device)
+                              device=settings.device) if comm is None else tt.distributed.DistributedDataLoader(
+        train, batch_size=settings.batch_size, shuffle=True, seed=settings.seed, device=settings.device, comm=comm)
+    val_loader = DataLoader(validation, batch_size=milestone.eval_batch_size, device=settings.device)
+    test_loader = DataLoader(test, batch_size=milestone.eval_batch_size, device=settings.device)
 
-    input_size = int(np.prod(full_train.images.shape[1:]))
-    model = build_mlp(input_size, HIDDEN_SIZES[settings.dataset], len(full_train.classes)).to(settings.device)
+    image_shape = tuple(full_train.images.shape[1:])
+    model = milestone.build_model(image_shape, len(full_train.classes), settings.dataset).to(settings.device)
     optimizer = tt.optim.SGD(model.parameters(), lr=settings.lr, momentum=settings.momentum, nesterov=True,
                              weight_decay=settings.weight_decay)
     schedule = tt.CosineSchedule(max_lr=settings.lr, min_lr=settings.min_lr, total_epochs=settings.epochs,
                                  warmup_epochs=settings.warmup)
     trainer = tt.Trainer(model, optimizer, tt.nn.CrossEntropyLoss(), scheduler=schedule,
-                         grad_clip_norm=settings.clip_norm or None)
+                         grad_clip_norm=settings.clip_norm or None, precision=settings.precision,
+                         strategy=None if comm is None else tt.distributed.DataParallel(comm))
     checkpoints = out / CHECKPOINTS
     if resume:
         last = _last_checkpoint(checkpoints)
@@ -257,12 +319,14 @@ def run(milestone: Milestone, settings: Settings, resume: bool = False, stop_aft
         trainer.load_checkpoint(last)
         print(f"resumed from {last} (epoch {trainer.epoch} of {settings.epochs})")
     callbacks = [PrintEpoch(), CSVLogger(out / "log.csv"),
-                 ModelCheckpoint(checkpoints, keep_last=1, monitor="eval_accuracy")]
+                 ModelCheckpoint(checkpoints, keep_last=1, monitor="eval_accuracy")] if writer else []
     target = settings.epochs if stop_after is None else min(settings.epochs, trainer.epoch + stop_after)
     start = time.perf_counter()
     trainer.fit(train_loader, val_loader, epochs=target, callbacks=callbacks)
     seconds = time.perf_counter() - start
-    if importlib.util.find_spec("matplotlib") is None:
+    if not writer:
+        pass
+    elif importlib.util.find_spec("matplotlib") is None:
         print("no history.png: plotting needs matplotlib (pip install 'tinytrain[milestones]')")
     else:
         tt.plot_history(trainer.history, out / "history.png")
@@ -278,7 +342,8 @@ def run(milestone: Milestone, settings: Settings, resume: bool = False, stop_aft
         "pass_mark": milestone.pass_marks[settings.dataset],
         "train_seconds_this_run": seconds,
     }
-    atomic_write(out / "result.json", lambda file: file.write((json.dumps(result, indent=2) + "\n").encode()))
+    if writer:
+        atomic_write(out / "result.json", lambda file: file.write((json.dumps(result, indent=2) + "\n").encode()))
     return result
 
 
@@ -289,9 +354,11 @@ def main(name: str, argv: Sequence[str] | None = None) -> int:
     if args.stop_after is not None and args.stop_after < 1:
         raise SystemExit(f"--stop-after must be >= 1, got {args.stop_after}")
     settings = resolve_settings(milestone, args)
+    if args.distributed and tt.distributed.world().Get_rank() != 0:
+        sys.stdout = open(os.devnull, "w")  # one rank prints: they all compute the same numbers
     print(f"tinytrain milestone {name}: {milestone.description} on {settings.dataset}, "
           f"{settings.epochs} epochs, outputs in {settings.out}")
-    result = run(milestone, settings, resume=args.resume, stop_after=args.stop_after)
+    result = run(milestone, settings, resume=args.resume, stop_after=args.stop_after, distributed=args.distributed)
     if result["epochs_done"] < settings.epochs:
         print(f"stopped after epoch {result['epochs_done']} of {settings.epochs}; "
               f"continue with --resume --out {settings.out}")

@@ -85,6 +85,8 @@ class Optimizer:
     def __init__(self, params: Iterable[Tensor]) -> None:
         self.params = _parameter_list(params)
         self.state: list[dict[str, Any]] = [{} for _ in self.params]
+        self._scratch: dict[Any, Any] = {}  # (xp, dtype, device) -> flat buffer: see scratch_like
+        self._scratch_views: dict[Any, Any] = {}  # (xp, dtype, device, *shape) -> view of that buffer
 
     def __repr__(self) -> str:
         settings = ", ".join(f"{name}={getattr(self, name)!r}" for name in self.hyperparameters)
@@ -111,30 +113,52 @@ class Optimizer:
         """Apply one step of the rule to the array ``param`` in place."""
         raise NotImplementedError
 
+    def scratch_like(self, param: Any, xp: Any) -> Any:
+        """An uninitialised array of ``param``'s shape and dtype, for intermediate results of one update.
+
+        All updates share one flat buffer per device and dtype, as large as the
+        largest parameter, kept from step to step. A new temporary the size of a
+        weight matrix in every update can cost more than its arithmetic: the C
+        heap may hand such blocks back to the operating system when they are
+        freed, and the next step faults the memory in again, page by page.
+        """
+        key = (xp, param.dtype, getattr(param, "device", None))
+        view = self._scratch_views.get(key + param.shape)  # a step asks for the same few shapes again
+        if view is None:
+            buffer = self._scratch.get(key)
+            if buffer is None or buffer.size < param.size:
+                buffer = self._scratch[key] = xp.empty_like(param).reshape(-1)
+                self._scratch_views = {k: v for k, v in self._scratch_views.items() if k[:3] != key}  # old buffer
+            view = self._scratch_views[key + param.shape] = buffer[: param.size].reshape(param.shape)
+        return view
+
     def step(self) -> None:
         """Update every parameter that has a gradient; skip (and keep the state of) the others."""
         for param, state in zip(self.params, self.state):
             grad = param.grad
             if grad is None:
                 continue
-            if grad.shape != param.shape:
-                raise ValueError(f"a parameter of shape {param.shape} has a gradient of shape {grad.shape}")
+            array, grad = param.data, grad.data
+            if grad.shape != array.shape:
+                raise ValueError(f"a parameter of shape {array.shape} has a gradient of shape {grad.shape}")
             xp = param._backend.xp
             if not state:
-                state.update(self.init_state(param.data, xp))
-            self.update(param.data, grad.data, state, xp)
+                state.update(self.init_state(array, xp))
+            self.update(array, grad, state, xp)
 
     def zero_grad(self) -> None:
         """Forget every parameter's gradient (``.grad = None``)."""
         for param in self.params:
             param.grad = None
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self, copy: bool = True) -> dict[str, Any]:
         """Hyperparameters and per-parameter state as plain data (arrays copied to the host).
 
         ``{"optimizer": "Adam", "hyperparameters": {"lr": ..., ...},
         "state": [{"step": 3, "exp_avg": ndarray, ...}, ...]}``, one state dict per
         parameter in order (empty for a parameter that has not been updated yet).
+        ``copy=False`` skips the copy of arrays already on the host, so they are the
+        optimizer's own buffers: for writing straight to a file (a checkpoint).
         """
         hyperparameters = {}
         for name in self.hyperparameters:
@@ -145,15 +169,18 @@ class Optimizer:
             backend = param._backend
             states.append(
                 {
-                    key: np.array(backend.to_host(value), copy=True) if backend.is_array(value) else value
+                    key: np.array(backend.to_host(value), copy=copy or None) if backend.is_array(value) else value
                     for key, value in state.items()
                 }
             )
         return {"optimizer": type(self).__name__, "hyperparameters": hyperparameters, "state": states}
 
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+    def load_state_dict(self, state_dict: dict[str, Any], copy: bool = True) -> None:
         """Restore what ``state_dict()`` returned: copies, on each parameter's device and dtype.
 
+        ``copy=False`` keeps host arrays that already have the parameter's dtype
+        (and can be written) instead of copying them: for a state dict that no
+        one else holds, such as one just read from a checkpoint file.
         Raises ``ValueError`` (changing nothing) for the state of another optimizer
         type, another number of parameters, or buffers of the wrong shape.
         """
@@ -180,7 +207,9 @@ class Optimizer:
                     if value.shape != param.shape:
                         raise ValueError(f"state {key!r} of parameter {i} has shape {value.shape}, "
                                          f"the parameter has shape {param.shape}")
-                    value = param._backend.from_host(np.array(value, dtype=param.dtype, copy=True))
+                    if copy or value.dtype != param.dtype or not value.flags.writeable:  # updated in place
+                        value = np.array(value, dtype=param.dtype, copy=True)
+                    value = param._backend.from_host(value)
                 state[key] = value
             restored.append(state)
         self._configure(**hyperparameters)
@@ -228,7 +257,8 @@ class SGD(Optimizer):
 
         ``g += weight_decay * param``; with momentum ``b = momentum * b + g`` (in
         place on ``state["momentum_buffer"]``) and ``d = g + momentum * b``
-        (Nesterov) or ``d = b``; without, ``d = g``. Then ``param -= lr * d``.
+        (Nesterov) or ``d = b``; without, ``d = g``. Then ``param -= lr * d``,
+        with ``lr * d`` computed into ``self.scratch_like(param, xp)``.
         """
         if self.weight_decay:
             decayed = param * self.weight_decay  # a new array: the caller's grad stays as it was
@@ -244,7 +274,9 @@ class SGD(Optimizer):
                 direction += grad
             else:
                 direction = buffer
-        param -= self.lr * direction
+        step = self.scratch_like(param, xp)  # param -= lr * d, without a new array for lr * d
+        xp.multiply(direction, self.lr, out=step)
+        param -= step
 
 
 class Adam(Optimizer):
@@ -303,7 +335,7 @@ class Adam(Optimizer):
         state["step"] += 1
         step = state["step"]
         m, v = state["exp_avg"], state["exp_avg_sq"]
-        scratch = xp.empty_like(param)  # the one temporary array of this update
+        scratch = self.scratch_like(param, xp)  # the one temporary array of this update
         xp.multiply(grad, 1 - beta1, out=scratch)
         m *= beta1
         m += scratch

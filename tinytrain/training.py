@@ -14,6 +14,8 @@ from typing import Any, Iterable, Iterator, Sequence
 
 from tinytrain.autograd import no_grad
 from tinytrain.checkpoint import CheckpointError, capture_rng_state, read_checkpoint, restore_rng_state, write_checkpoint
+from tinytrain.nn.module import Module
+from tinytrain.optim import Optimizer
 from tinytrain.tensor import Tensor
 
 
@@ -122,6 +124,9 @@ class Trainer:
     ``"skip"`` drops a step whose loss or gradient norm is inf/nan and counts it,
     ``"raise"`` stops with ``FloatingPointError`` (the gradient norm is computed,
     and checked, only when clipping; without it the loss is checked).
+    ``precision``: ``"32-true"``, or ``"16-mixed"`` for float16 compute with float32
+    master weights and dynamic loss scaling (Module 11, :mod:`tinytrain.amp`).
+    ``strategy``: ``tinytrain.distributed.DataParallel()`` for data parallelism over MPI.
 
     ``epoch`` counts completed epochs, ``step`` the optimizer steps taken,
     ``skipped_steps`` the steps dropped; ``history`` holds one value per epoch
@@ -130,7 +135,8 @@ class Trainer:
     """
 
     def __init__(self, model: Any, optimizer: Any, loss_fn: Any, scheduler: Any = None,
-                 grad_clip_norm: float | None = None, on_nonfinite: str = "skip") -> None:
+                 grad_clip_norm: float | None = None, on_nonfinite: str = "skip", precision: str = "32-true",
+                 strategy: Any = None) -> None:
         if grad_clip_norm is not None and not (isinstance(grad_clip_norm, (int, float)) and grad_clip_norm > 0):
             raise ValueError(f"grad_clip_norm must be None or a number > 0, got {grad_clip_norm!r}")
         if on_nonfinite not in ("skip", "raise"):
@@ -144,6 +150,14 @@ class Trainer:
         self._loaders: dict[str, Any] = {}  # "train"/"val" -> loader, whose position checkpoints keep
         self._callbacks: tuple = ()
         self._pending: dict[str, dict] = {"loaders": {}, "callbacks": {}}  # from load_checkpoint, for the next fit
+        # Module 11: precision="16-mixed" (tinytrain.amp), strategy=DataParallel() (tinytrain.distributed)
+        self.precision, self.strategy, self._amp = precision, strategy, None
+        if precision != "32-true":
+            from tinytrain.amp import MixedPrecision
+            self._amp = MixedPrecision(precision)
+        self._plugins = [plugin for plugin in (strategy, self._amp) if plugin is not None]
+        for plugin in self._plugins:
+            plugin.setup(self)
 
     # -- one epoch -------------------------------------------------------------------
     def _reduce(self, loss: Tensor) -> tuple[Tensor, bool]:
@@ -155,6 +169,9 @@ class Trainer:
 
     def _take_step(self, parameters: list[Tensor], loss: float, norms: list[float]) -> bool:
         """Check, clip and step on the accumulated gradients; whether the step was taken."""
+        if self._plugins and not all([plugin.before_step(parameters, loss) for plugin in self._plugins]):
+            self.skipped_steps += 1  # Module 11: a float16 overflow, or a non-finite loss on another rank
+            return False
         if not math.isfinite(loss):
             return self._skip(f"the loss is {loss}")
         if self.grad_clip_norm is not None:
@@ -201,7 +218,8 @@ class Trainer:
                 parameter.grad = None
             window_loss = None  # the window's summed per-sample loss, kept on the device
             for inputs, targets in window:
-                loss, is_mean = self._reduce(self.loss_fn(self.model(inputs), targets))
+                loss, is_mean = self._reduce(self.loss_fn(self.model(inputs), targets) if self._amp is None
+                                             else self._amp.forward_loss(self.model, self.loss_fn, inputs, targets))
                 weight = (len(inputs) if is_mean else 1) / window_samples
                 (loss * weight if weight != 1 else loss).backward()
                 summed = loss.detach() * len(inputs) if is_mean else loss.detach()
@@ -320,15 +338,18 @@ class Trainer:
         Model (parameters and buffers), each module's mode, optimizer, schedule,
         counters, history, the state of the callbacks of the current ``fit``, the
         position and generator of the train and validation loaders, and the random
-        states of Python, NumPy and every tinytrain device.
+        states of Python, NumPy and every tinytrain device. With a data-parallel
+        ``strategy``, only the writer rank (0) writes.
         """
+        if not all(getattr(plugin, "is_writer", True) for plugin in self._plugins):
+            return
         write_checkpoint(path, {
             "epoch": self.epoch,
             "step": self.step,
             "skipped_steps": self.skipped_steps,
-            "model": self.model.state_dict(),
+            "model": _model_state(self.model),
             "modes": [module.training for module in self.model.modules()],
-            "optimizer": self.optimizer.state_dict(),
+            "optimizer": _optimizer_state(self.optimizer),
             "scheduler": None if self.scheduler is None else self.scheduler.state_dict(),
             "history": self.history,
             "loaders": {role: loader.state_dict() for role, loader in self._loaders.items()
@@ -336,6 +357,7 @@ class Trainer:
             "callbacks": {key: callback.state_dict()
                           for key, callback in zip(_callback_keys(self._callbacks), self._callbacks)},
             "rng": capture_rng_state(),
+            "plugins": {plugin.name: plugin.state_dict() for plugin in self._plugins},
         })
 
     def load_checkpoint(self, path: Any) -> None:
@@ -349,7 +371,10 @@ class Trainer:
         if missing:
             raise CheckpointError(f"{path} is not a Trainer checkpoint: it lacks {', '.join(missing)}")
         self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        if isinstance(self.optimizer, Optimizer):  # the state was just read from the file: nothing else holds it
+            self.optimizer.load_state_dict(state["optimizer"], copy=False)
+        else:
+            self.optimizer.load_state_dict(state["optimizer"])
         if self.scheduler is not None and state.get("scheduler") is not None:
             self.scheduler.load_state_dict(state["scheduler"])
         modules = self.model.modules()
@@ -361,6 +386,26 @@ class Trainer:
         self.history = {**{key: [] for key in HISTORY_KEYS}, **state["history"]}
         self._pending = {"loaders": dict(state.get("loaders", {})), "callbacks": dict(state.get("callbacks", {}))}
         restore_rng_state(state["rng"])
+        for plugin in self._plugins:
+            if plugin.name in state.get("plugins", {}):
+                plugin.load_state_dict(state["plugins"][plugin.name])
+
+
+# A checkpoint is written as soon as the state is collected, so the copies that
+# state_dict() makes (a snapshot that later training cannot change) would only
+# double the memory traffic of saving: the two helpers below skip them.
+def _model_state(model: Any) -> dict[str, Any]:
+    """What ``model.state_dict()`` holds, without copying the arrays when it is Module's own."""
+    if isinstance(model, Module) and type(model).state_dict is Module.state_dict:
+        return dict(model.named_parameters() + model.named_buffers())
+    return model.state_dict()
+
+
+def _optimizer_state(optimizer: Any) -> dict[str, Any]:
+    """``optimizer.state_dict()``, without copying the buffers when it is a tinytrain optimizer."""
+    if isinstance(optimizer, Optimizer):
+        return optimizer.state_dict(copy=False)
+    return optimizer.state_dict()
 
 
 def _callback_keys(callbacks: Sequence[Any]) -> list[str]:

@@ -80,7 +80,7 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 
 from tinytrain.backend import get_backend
-from tinytrain.tensor import Tensor
+from tinytrain.tensor import Tensor, default_dtype
 
 
 class Dataset:
@@ -89,7 +89,8 @@ class Dataset:
     Subclasses implement both. A subclass that can gather many samples at once
     may also define ``__getitems__(indices)`` returning the finished batch (a
     tuple of arrays); the :class:`DataLoader` then uses it instead of a Python
-    loop over samples.
+    loop over samples. The arrays must be new (a fancy index makes new arrays):
+    the loader hands them out inside tensors without copying them again.
     """
 
     def __len__(self) -> int:
@@ -282,7 +283,10 @@ print("collate OK")
 #
 # * Each `iter(loader)` — each `for batch in loader:` — starts a **new epoch**:
 #   it draws a new order and serves its batches. An epoch left early (a `break`,
-#   or `next(iter(loader))` to peek at one batch) counts as finished.
+#   or `next(iter(loader))` to peek at one batch) counts as finished. The epoch
+#   starts at the first batch asked for, not at `iter()` itself: progress bars
+#   such as `tqdm` call `iter()` more than once, and an iterator that was never
+#   used must not use up an epoch's order.
 # * The exception is resuming: after `load_state_dict(state)` with a state taken
 #   in the middle of an epoch, the next `iter` finishes *that* epoch — same
 #   order, only the batches not yet served.
@@ -295,7 +299,9 @@ print("collate OK")
 # asks for the whole batch at once: one fancy index per array. Otherwise it asks
 # sample by sample and collates. Either way each field becomes a `Tensor` on the
 # loader's `device`, with the usual dtype rules — float64 features become
-# float32, integer labels int64.
+# float32, integer labels int64. Use the given `self._tensor(array)` for that:
+# the batch was just gathered into new arrays, so when no conversion is needed
+# it wraps them as they are, where `Tensor(array)` would copy every batch again.
 #
 # You write three methods: `__len__` (the number of batches), `_epoch_order`
 # (this epoch's order) and `_fetch` (one batch as tensors). The bookkeeping for
@@ -380,7 +386,8 @@ class DataLoader:
         Fast path: a dataset with ``__getitems__`` returns the whole batch (a
         tuple of arrays) in one call. Any other dataset is read one sample at a
         time (``dataset[int(i)]``) and the samples are collated. A tuple batch
-        becomes a tuple of tensors, a single array one tensor.
+        becomes a tuple of tensors, a single array one tensor (``self._tensor``,
+        given, makes them).
         """
         ### BEGIN SOLUTION
         getitems = getattr(self.dataset, "__getitems__", None)
@@ -389,33 +396,53 @@ class DataLoader:
         else:
             batch = collate([self.dataset[int(i)] for i in indices])
         if isinstance(batch, tuple):
-            return tuple(Tensor(field, device=self._backend) for field in batch)
-        return Tensor(batch, device=self._backend)
+            return tuple(self._tensor(field) for field in batch)
+        return self._tensor(batch)
         ### END SOLUTION
+
+    def _tensor(self, array: Any) -> Tensor:
+        """``array``, a batch just gathered, as a tensor on the loader's device.
+
+        A new host array (not a view) that already has its tensor dtype becomes
+        the tensor's data as it is; ``Tensor(array)`` would copy every batch
+        once more. Anything else goes through ``Tensor``: converted to float32 or
+        int64, copied to the device.
+        """
+        if (self._backend.is_array(array) and getattr(array, "base", True) is None
+                and array.dtype == default_dtype(array.dtype)):
+            return Tensor._make(array, self._backend)
+        return Tensor(array, device=self._backend)
 
     # -- epochs: given code --------------------------------------------------------
     def __iter__(self) -> Iterator[Any]:
+        token = self._live = object()
+        return self._serve(token)
+
+    def _serve(self, token: object) -> Iterator[Any]:
+        # A generator's body runs at the first next(), so the epoch starts there, not
+        # at iter(): code that calls iter() and drops the iterator (tqdm does) must not
+        # use up an epoch's order.
+        self._check_live(token)
         if self._position > 0 and not self._resuming:
             self._finish_epoch()  # the previous iteration stopped early: that epoch is over
         self._resuming = False
         self._start_state = self._generator_state()
         batches = batch_indices(self._epoch_order(), self.batch_size, self.drop_last)
-        token = self._live = object()
         if not batches:
             self._finish_epoch()
-        return self._serve(batches, token)
-
-    def _serve(self, batches: list, token: object) -> Iterator[Any]:
         for number in range(self._position, len(batches)):
-            if self._live is not token:
-                raise RuntimeError(
-                    "this DataLoader iterator is stale: a newer iter(loader) or load_state_dict() replaced it"
-                )
+            self._check_live(token)
             batch = self._fetch(batches[number])
             self._position = number + 1
             if self._position == len(batches):
                 self._finish_epoch()
             yield batch
+
+    def _check_live(self, token: object) -> None:
+        if self._live is not token:
+            raise RuntimeError(
+                "this DataLoader iterator is stale: a newer iter(loader) or load_state_dict() replaced it"
+            )
 
     def _finish_epoch(self) -> None:
         self.epoch += 1

@@ -21,3 +21,5 @@ from tinytrain.nn.layers import (
     Tanh,
 )
 from tinytrain.nn.losses import BCELoss, BCEWithLogitsLoss, CrossEntropyLoss, MSELoss
+from tinytrain.nn.conv import AvgPool2d, BatchNorm2d, Conv2d, MaxPool2d
+from tinytrain.nn.checkpointing import Checkpoint, checkpoint

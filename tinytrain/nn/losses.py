@@ -37,7 +37,7 @@ def _reduce(losses: Tensor, reduction: str) -> Tensor:
 def _reduce_array(losses: Any, reduction: str) -> Any:
     """Reduce an array of per-sample losses (inside a Function's forward)."""
     if reduction == "mean":
-        return losses.mean()
+        return losses.sum() / losses.size  # what .mean() computes, without its Python-level wrapper
     if reduction == "sum":
         return losses.sum()
     return losses
@@ -119,9 +119,11 @@ def _check_class_indices(target: Tensor, classes: int) -> None:
     """ValueError naming the first out-of-range value of integer class indices."""
     if target.size == 0:
         return
-    low, high = int(target.data.min()), int(target.data.max())
-    bad = low if low < 0 else high if high >= classes else None
-    if bad is not None:
+    # One reduction on the happy path: seen as unsigned integers, negative indices are huge.
+    unsigned = target.data.view(f"u{target.dtype.itemsize}")
+    if int(unsigned.max()) >= classes:
+        low, high = int(target.data.min()), int(target.data.max())
+        bad = low if low < 0 else high
         raise ValueError(
             f"cross_entropy: target holds class index {bad}, but the logits have {classes} classes "
             f"(indices must lie in [0, {classes}))"
