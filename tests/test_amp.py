@@ -11,7 +11,7 @@ import pytest
 import tinytrain as tt
 from tinytrain import nn
 from tinytrain.amp import GradScaler, MixedPrecision
-from tinytrain.checkpoint import read_checkpoint
+from tinytrain.serialization import read_checkpoint
 from tinytrain.data import DataLoader, TensorDataset
 from tinytrain.datasets import Digits
 

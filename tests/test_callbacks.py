@@ -11,7 +11,7 @@ import pytest
 import tinytrain as tt
 from tinytrain import nn
 from tinytrain.callbacks import Callback, CSVLogger, EarlyStopping, ModelCheckpoint
-from tinytrain.checkpoint import read_checkpoint
+from tinytrain.serialization import read_checkpoint
 from tinytrain.data import DataLoader, TensorDataset
 
 RNG = np.random.default_rng(1)

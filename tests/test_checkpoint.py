@@ -17,9 +17,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import tinytrain as tt
-from tinytrain import checkpoint, nn
+from tinytrain import nn, serialization as checkpoint
 from tinytrain.backend import get_backend
-from tinytrain.checkpoint import (
+from tinytrain.serialization import (
     CheckpointError,
     atomic_write,
     capture_rng_state,
@@ -260,7 +260,7 @@ def test_a_process_killed_mid_write_leaves_the_previous_checkpoint_loadable(tmp_
         f"""
         import os
         import numpy as np
-        from tinytrain import checkpoint
+        from tinytrain import serialization as checkpoint
 
         real_open = open
 
@@ -381,7 +381,7 @@ def test_resume_in_a_new_process_is_bit_identical(tmp_path: Path) -> None:
         trainer.fit(train, val, epochs=4, accumulation_steps=2, progress=False)
         state = {{name: t.numpy() for name, t in trainer.model.state_dict().items()}}
         np.savez({str(tmp_path / "resumed.npz")!r}, **state)
-        tt.checkpoint.write_checkpoint({str(tmp_path / "history.ckpt")!r}, {{"history": trainer.history,
+        tt.serialization.write_checkpoint({str(tmp_path / "history.ckpt")!r}, {{"history": trainer.history,
                                        "counters": [trainer.epoch, trainer.step]}})
         """
     )

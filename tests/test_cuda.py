@@ -35,7 +35,7 @@ from hypothesis import strategies as st
 import tinytrain as tt
 from tinytrain import backend as registry
 from tinytrain import cuda
-from tinytrain.checkpoint import capture_rng_state, read_checkpoint, restore_rng_state, to_plain, write_checkpoint
+from tinytrain.serialization import capture_rng_state, read_checkpoint, restore_rng_state, to_plain, write_checkpoint
 from tinytrain.cuda import GENERATOR, CupyBackend, DrawCounter, _OnDevice, draw_seed, gpu_report, scatter_add
 from tinytrain.fake_cupy import FakeCupy, forget_fake_gpu, register_fake_gpu
 from tinytrain.strict import StrictArray

@@ -37,7 +37,7 @@ import pytest
 import tinytrain as tt
 import tinytrain.nn.functional as F
 from tinytrain import autograd, nn, optim
-from tinytrain.checkpoint import read_checkpoint
+from tinytrain.serialization import read_checkpoint
 from tinytrain.data import DataLoader, TensorDataset
 from tinytrain.fake_cupy import forget_fake_gpu, register_fake_gpu
 
@@ -654,5 +654,5 @@ def test_the_fake_gpu_really_exercises_the_cuda_backend(fake_gpu) -> None:
     assert x.data.device.id == 1, "tensors of fakecuda:1 are made on fake GPU 1 even when GPU 0 was current"
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # the CUDA backend's random state is saved like any other
-        state = tt.checkpoint.capture_rng_state()
+        state = tt.serialization.capture_rng_state()
     assert state["backends"][FAKE]["generator"] == GENERATOR

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tinytrain.checkpoint import read_checkpoint
+from tinytrain.serialization import read_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 MLP = ROOT / "milestones" / "mlp.py"

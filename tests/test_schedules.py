@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import tinytrain as tt
-from tinytrain.checkpoint import read_checkpoint, write_checkpoint
+from tinytrain.serialization import read_checkpoint, write_checkpoint
 from tinytrain.schedules import (
     CosineSchedule,
     CosineWarmRestarts,

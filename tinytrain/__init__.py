@@ -34,9 +34,10 @@ _NAMES = {
     },
     **{name: ("training", name) for name in ("Trainer", "clip_grad_norm", "memory_report", "plot_history")},
     **{name: ("amp", name) for name in ("GradScaler", "MixedPrecision")},
+    "checkpoint": ("nn.checkpointing", "checkpoint"),  # gradient checkpointing; checkpoint files: tt.serialization
 }
 _SUBMODULES = (
-    "backend", "autograd", "ops", "nn", "optim", "data", "datasets", "callbacks", "checkpoint", "schedules", "training",
+    "backend", "autograd", "ops", "nn", "optim", "data", "datasets", "callbacks", "serialization", "schedules", "training",
     "amp", "distributed",
 )
 _NAMES.update({name: (name, None) for name in _SUBMODULES if name not in _NAMES})
@@ -93,19 +94,7 @@ class _Package(types.ModuleType):
     def __setattr__(self, name: str, value: object) -> None:
         if name == "tensor" and isinstance(value, types.ModuleType) and hasattr(value, "tensor"):
             value = value.tensor
-        if name == "checkpoint" and type(value) is types.ModuleType:
-            value.__class__ = _CheckpointModule
         super().__setattr__(name, value)
-
-
-class _CheckpointModule(types.ModuleType):
-    """``tinytrain.checkpoint`` is the checkpoint-file module (Module 08) and, called as
-    ``tt.checkpoint(fn, *inputs)``, gradient checkpointing (Module 11)."""
-
-    def __call__(self, function: object, *inputs: object) -> object:
-        from tinytrain.nn.checkpointing import checkpoint
-
-        return checkpoint(function, *inputs)
 
 
 sys.modules[__name__].__class__ = _Package

@@ -16,7 +16,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from tinytrain.checkpoint import atomic_write
+from tinytrain.serialization import atomic_write
 
 
 class Callback:

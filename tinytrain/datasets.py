@@ -52,7 +52,7 @@ from typing import Any, BinaryIO, Sequence
 
 import numpy as np
 
-from tinytrain.checkpoint import atomic_write
+from tinytrain.serialization import atomic_write
 from tinytrain.data import TensorDataset
 
 __all__ = [

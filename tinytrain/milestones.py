@@ -32,7 +32,7 @@ import numpy as np
 
 import tinytrain as tt
 from tinytrain.callbacks import Callback, CSVLogger, ModelCheckpoint
-from tinytrain.checkpoint import atomic_write
+from tinytrain.serialization import atomic_write
 from tinytrain.data import DataLoader, TensorDataset
 
 SETTINGS_FILE = "settings.toml"

@@ -5,7 +5,7 @@
 The Trainer runs epochs of gradient-accumulated, optionally clipped optimizer
 steps with the learning rate of a schedule, evaluates in eval mode, drives
 callbacks from ``fit``, and saves and restores its complete state in checkpoints
-(:mod:`tinytrain.checkpoint`) so that a resumed run is bit-identical.
+(:mod:`tinytrain.serialization`) so that a resumed run is bit-identical.
 """
 import math
 import sys
@@ -13,7 +13,7 @@ import time
 from typing import Any, Iterable, Iterator, Sequence
 
 from tinytrain.autograd import no_grad
-from tinytrain.checkpoint import CheckpointError, capture_rng_state, read_checkpoint, restore_rng_state, write_checkpoint
+from tinytrain.serialization import CheckpointError, capture_rng_state, read_checkpoint, restore_rng_state, write_checkpoint
 from tinytrain.nn.module import Module
 from tinytrain.optim import Optimizer
 from tinytrain.tensor import Tensor

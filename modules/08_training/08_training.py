@@ -330,7 +330,7 @@ plt.show()
 The Trainer runs epochs of gradient-accumulated, optionally clipped optimizer
 steps with the learning rate of a schedule, evaluates in eval mode, drives
 callbacks from ``fit``, and saves and restores its complete state in checkpoints
-(:mod:`tinytrain.checkpoint`) so that a resumed run is bit-identical.
+(:mod:`tinytrain.serialization`) so that a resumed run is bit-identical.
 """
 import math
 import sys
@@ -338,7 +338,7 @@ import time
 from typing import Any, Iterable, Iterator, Sequence
 
 from tinytrain.autograd import no_grad
-from tinytrain.checkpoint import CheckpointError, capture_rng_state, read_checkpoint, restore_rng_state, write_checkpoint
+from tinytrain.serialization import CheckpointError, capture_rng_state, read_checkpoint, restore_rng_state, write_checkpoint
 from tinytrain.nn.module import Module
 from tinytrain.optim import Optimizer
 from tinytrain.tensor import Tensor
@@ -427,7 +427,7 @@ print("clip_grad_norm OK")
 # tensors) to the host, and refuses anything else with the path where it was
 # found.
 
-# %% export="checkpoint"
+# %% export="serialization"
 """Checkpoint files: plain data, written atomically, read back without running code.
 
 A checkpoint is a pickle of plain data only: ``None``, booleans, numbers, strings,
@@ -531,7 +531,7 @@ print("to_plain OK")
 # (Strictly, the directory entry should be fsynced too for the rename to survive
 # a power cut; we do that where the OS allows it.)
 
-# %% export="checkpoint"
+# %% export="serialization"
 def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], None]) -> None:
     """Create or replace the file ``path`` with what ``write(file)`` writes, atomically.
 
@@ -605,7 +605,7 @@ print("atomic_write OK")
 # makes the unpickler fail in many ways (`EOFError`, `UnpicklingError`,
 # `ValueError`, ...) that we turn into one clear `CheckpointError`.
 
-# %% export="checkpoint"
+# %% export="serialization"
 def _safe_dtype(*args: Any) -> np.dtype:
     dtype = np.dtype(*args)
     if dtype.hasobject:
@@ -672,7 +672,7 @@ print("SafeUnpickler OK")
 # raised before a single byte is written) and pickles it atomically;
 # `read_checkpoint` reverses it and checks the stamp.
 
-# %% export="checkpoint"
+# %% export="serialization"
 def write_checkpoint(path: str | os.PathLike, state: dict[str, Any]) -> None:
     """Atomically write ``state`` (a dict, converted by :func:`to_plain`) as a checkpoint file."""
     if not isinstance(state, dict) or "format" in state or "version" in state:
@@ -725,7 +725,7 @@ def read_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
 # skipped with a warning: that run will not resume exactly, and you should know.
 # DataLoaders keep their own generators; the Trainer saves those.
 
-# %% export="checkpoint"
+# %% export="serialization"
 def capture_rng_state() -> dict[str, Any]:
     """The states of Python's, NumPy's global and every loaded tinytrain backend's generator."""
     ### BEGIN SOLUTION
@@ -1448,7 +1448,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from tinytrain.checkpoint import atomic_write
+from tinytrain.serialization import atomic_write
 
 
 class Callback:

@@ -837,7 +837,7 @@ assert on_fake.history["train_loss"] == on_cpu.history["train_loss"]
 with tempfile.TemporaryDirectory() as folder:
     path = Path(folder) / "fake-gpu.ckpt"
     trained = run("fakecuda:1", checkpoint=path)
-    print("random states saved for:", sorted(tt.checkpoint.read_checkpoint(path)["rng"]["backends"]))
+    print("random states saved for:", sorted(tt.serialization.read_checkpoint(path)["rng"]["backends"]))
     tt.manual_seed(1)
     model = nn.Sequential(nn.Linear(64, 32), nn.BatchNorm1d(32), nn.ReLU(), nn.Linear(32, 10))
     cpu_trainer = tt.Trainer(model, tt.Adam(model.parameters(), lr=0.01), nn.CrossEntropyLoss())

@@ -11,7 +11,7 @@ from typing import Any, Callable
 
 from tinytrain import autograd
 from tinytrain.autograd import Function, no_grad
-from tinytrain.checkpoint import capture_rng_state, restore_rng_state
+from tinytrain.serialization import capture_rng_state, restore_rng_state
 from tinytrain.nn.module import Module
 from tinytrain.tensor import Tensor
 
