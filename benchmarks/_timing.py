@@ -79,66 +79,89 @@ print("ready", flush=True)
 for command in sys.stdin:
     if command.strip() != "go":
         break
+    step()  # untimed: refills the caches that the previous process on this CPU evicted
     start = time.perf_counter()
     for _ in range(inner):
         step()
     print((time.perf_counter() - start) / inner, flush=True)
-    steps += inner
+    steps += inner + 1
 faults = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults) / max(steps, 1) if resource else None
 print(json.dumps({"first": first, "faults_per_step": faults}), flush=True)
 """
 
 
 def lockstep_medians(
-    builders: dict[str, tuple[str, tuple]], repeats: int = 30, warmup: int = 10, inner: int = 1
+    builders: dict[str, tuple[str, tuple]], repeats: int = 30, warmup: int = 10, inner: int = 1, processes: int = 3
 ) -> dict[str, dict[str, Any]]:
-    """Median wall time of each implementation's step, each in a process of its own, timed in turns.
+    """Median wall time of each implementation's step, in processes of its own, timed in turns.
 
     ``builders`` maps names to ``("module:function", args)``: the function,
     imported from this directory after this module (so BLAS is pinned to one
     thread there too), returns the step to time. Every implementation runs in
-    a fresh Python process: glibc grows and trims the C heap as large arrays
+    fresh Python processes: glibc grows and trims the C heap as large arrays
     come and go, and a trimmed heap is faulted in again page by page, so one
     implementation's allocations must not change another's timings — each runs
-    as it would in a script of its own. The processes are built and warmed up,
-    then told in turn to time one sample of ``inner`` steps, ``repeats``
-    rounds, starting each round with the next implementation: a slow phase of
-    a shared machine hits all of them alike. Only one runs at a time (the
-    others wait on their pipe), and where the OS allows it all run on the same
-    CPU, so that no implementation gets a quieter core than another.
+    as it would in a script of its own.
 
-    Returns per name the median ``seconds`` per step, the ``first`` three
-    results of the step (so callers can check that implementations agree) and
-    the minor page faults per timed step (``faults_per_step``).
+    Each implementation gets ``processes`` processes, because a process's speed
+    depends on where its arrays happen to land in memory (cache-set and 4 KiB
+    aliasing conflicts): on a 2-core VM two runs of the same script differ by
+    up to 10%. The processes are built and warmed up, then told in turn to time
+    one sample of ``inner`` steps, ``repeats`` rounds, starting each round with
+    the next process: a slow phase of a shared machine hits all of them alike.
+    Only one runs at a time (the others wait on their pipe), and where the OS
+    allows it all run on the same CPU, so that none gets a quieter core. Each
+    sample starts with one untimed step: the process that ran before evicted
+    the caches, and a training loop runs its steps back to back, with the
+    interpreter's code and objects still cached (timing the cold step would
+    more than double a framework's per-step Python cost).
+
+    Returns per name the median over its processes of each process's median
+    ``seconds`` per step, the ``first`` three results of the step (so callers
+    can check that implementations agree) and the mean minor page faults per
+    timed step (``faults_per_step``).
     """
     cpu = str(max(os.sched_getaffinity(0))) if hasattr(os, "sched_getaffinity") else "-"
-    workers = {}
+    workers: list[tuple[str, subprocess.Popen]] = []
     try:
-        for name, (target, args) in builders.items():
-            module, function = target.split(":")
-            workers[name] = subprocess.Popen(
-                [sys.executable, "-c", _WORKER, str(Path(__file__).parent), module, function, json.dumps(args),
-                 str(inner), str(warmup), cpu],
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=tempfile.TemporaryFile("w+"), text=True,
-            )
-            _expect(workers[name], name, "ready")  # built and warmed up before the next one starts
-        samples: dict[str, list[float]] = {name: [] for name in workers}
-        names = list(workers)
+        for copy in range(processes):
+            for name, (target, args) in builders.items():
+                module, function = target.split(":")
+                worker = subprocess.Popen(
+                    [sys.executable, "-c", _WORKER, str(Path(__file__).parent), module, function, json.dumps(args),
+                     str(inner), str(warmup), cpu],
+                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=tempfile.TemporaryFile("w+"), text=True,
+                )
+                _expect(worker, name, "ready")  # built and warmed up before the next one starts
+                workers.append((name, worker))
+        samples: list[list[float]] = [[] for _ in workers]
         for round_number in range(repeats):
-            first = round_number % len(names)
-            for name in names[first:] + names[:first]:
-                workers[name].stdin.write("go\n")
-                workers[name].stdin.flush()
-                samples[name].append(float(_expect(workers[name], name)))
-        results = {}
-        for name, worker in workers.items():
+            first = round_number % len(workers)
+            for index in list(range(first, len(workers))) + list(range(first)):
+                name, worker = workers[index]
+                worker.stdin.write("go\n")
+                worker.stdin.flush()
+                samples[index].append(float(_expect(worker, name)))
+        medians: dict[str, list[float]] = {name: [] for name in builders}
+        reports: dict[str, list[dict[str, Any]]] = {name: [] for name in builders}
+        for (name, worker), timings in zip(workers, samples):
             worker.stdin.write("stop\n")
             worker.stdin.flush()
-            results[name] = {"seconds": statistics.median(samples[name]), **json.loads(_expect(worker, name))}
+            reports[name].append(json.loads(_expect(worker, name)))
+            medians[name].append(statistics.median(timings))
             worker.wait()
+        results = {}
+        for name in builders:
+            faults = [report["faults_per_step"] for report in reports[name]]
+            results[name] = {
+                "seconds": statistics.median(medians[name]),
+                "process_seconds": medians[name],
+                "first": reports[name][0]["first"],
+                "faults_per_step": None if None in faults else statistics.mean(faults),
+            }
         return results
     finally:
-        for worker in workers.values():
+        for _, worker in workers:
             if worker.poll() is None:
                 worker.kill()
                 worker.wait()

@@ -226,7 +226,9 @@ def main() -> None:
     memory = peak_memory()
     print("MLP 784-256-128-10, batch 128, SGD momentum, cross-entropy; one thread")
     for name, found in times.items():
-        print(f"  {name:10s} {found['seconds'] * 1e3:7.3f} ms/step   {found['faults_per_step']:6.1f} page faults/step")
+        spread = ", ".join(f"{seconds * 1e3:.3f}" for seconds in found["process_seconds"])
+        print(f"  {name:10s} {found['seconds'] * 1e3:7.3f} ms/step   {found['faults_per_step']:6.1f} page faults/step"
+              f"   (processes: {spread})")
     ours = times["tinytrain"]["seconds"]
     print(f"  tinytrain / NumPy: {ours / times['numpy']['seconds']:.2f}x (target <= 1.1x)")
     if "torch" in times:
