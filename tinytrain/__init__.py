@@ -12,7 +12,11 @@ import importlib
 import sys
 import types
 
+from tinytrain.allocator import keep_freed_memory
+
 __version__ = "0.1.0"
+
+keep_freed_memory()  # before any array exists: steady training steps without page faults
 
 # public name -> (submodule, attribute); a submodule's own name maps to (submodule, None)
 _NAMES = {
