@@ -338,6 +338,111 @@ def test_new_gradient_array_is_adopted_without_a_copy(device):
     assert_grad(x, [2.0, 2.0])
 
 
+# -- the gradient a backward receives: overwritable only when the engine owns it -------------------
+
+class Probe(Function):
+    """The identity; records ``owns_grad`` at each backward and, when allowed, overwrites ``grad``."""
+
+    seen: list[bool] = []
+
+    def forward(self, x):
+        return x * 1
+
+    def backward(self, grad):
+        Probe.seen.append(self.owns_grad)
+        if self.owns_grad:
+            grad *= 1  # in place: only legal because the engine owns grad
+            return (grad,)
+        return (grad * 1,)
+
+
+def probed(build, device, **backward_args):
+    """``owns_grad`` as each Probe in ``build(x)`` saw it, newest first, and x.grad."""
+    Probe.seen.clear()
+    x = leaf([1.0, -2.0], device)
+    build(x).backward(**backward_args)
+    return Probe.seen, x.grad.numpy()
+
+
+def test_engine_owns_the_seed_it_makes_and_fresh_gradients(device):
+    seen, grad = probed(lambda x: (Probe.apply(x) * 3).sum(), device)
+    assert seen == [True]  # Mul's backward made a new array: the engine owns it
+    np.testing.assert_array_equal(grad, [3.0, 3.0])
+    seen, grad = probed(lambda x: Probe.apply((x * 3).sum()), device)
+    assert seen == [True]  # the seed 1 that backward() made
+    np.testing.assert_array_equal(grad, [3.0, 3.0])
+    seen, _ = probed(lambda x: Probe.apply(x).sum(), device)
+    assert seen == [False]  # Sum's backward hands on a broadcast view of its seed
+
+
+def test_callers_gradient_is_never_overwritten(device):
+    seed = tt.tensor([1.0, 10.0], dtype=tt.float64, device=device)
+    seen, grad = probed(lambda x: Probe.apply(x), device, grad=seed)
+    assert seen == [False]
+    np.testing.assert_array_equal(seed.numpy(), [1.0, 10.0])
+    np.testing.assert_array_equal(grad, [1.0, 10.0])
+
+
+class PassOn(Function):
+    """The identity; its backward hands on the very array it receives."""
+
+    def forward(self, x):
+        return x * 1
+
+    def backward(self, grad):
+        return (grad,)
+
+
+def test_passed_on_gradient_keeps_its_owner(device):
+    seed = tt.tensor([1.0, 10.0], dtype=tt.float64, device=device)
+    seen, grad = probed(lambda x: PassOn.apply(Probe.apply(x)), device, grad=seed)
+    assert seen == [False]  # still the caller's array
+    np.testing.assert_array_equal(seed.numpy(), [1.0, 10.0])
+    seen, _ = probed(lambda x: PassOn.apply(Probe.apply(x)).sum(), device)
+    assert seen == [False]  # a broadcast view (from sum), passed on
+    seen, _ = probed(lambda x: PassOn.apply(Probe.apply(x) * 2) * 3, device, grad=seed)
+    assert seen == [True]  # Mul's new array, passed on: still the engine's
+    seen, _ = probed(lambda x: Probe.apply(Probe.apply(x) * 2) * 3, device, grad=seed)
+    assert seen == [True, True]  # overwritten in place by the outer Probe, then still the engine's
+
+
+def test_gradient_returned_for_two_inputs_is_not_owned(device):
+    seen, grad = probed(lambda x: (Probe.apply(x * 2) + Probe.apply(x * 3)).sum(), device)
+    assert seen == [False, False]  # Add hands the same array to both branches
+    np.testing.assert_array_equal(grad, [5.0, 5.0])
+
+
+def test_summed_gradient_is_owned(device):
+    def build(x):
+        y = Probe.apply(x * 1)
+        return (y * 2 + y * 3).sum()  # y's gradient is the sum of two contributions
+
+    seen, grad = probed(build, device)
+    assert seen == [True]
+    np.testing.assert_array_equal(grad, [5.0, 5.0])
+
+
+def test_retained_graph_never_hands_out_owned_gradients(device):
+    Probe.seen.clear()
+    x = leaf([1.0, -2.0], device)
+    y = (Probe.apply(x) * 3).sum()
+    y.backward(retain_graph=True)
+    y.backward()
+    assert Probe.seen == [False, True]
+    assert_grad(x, [6.0, 6.0])
+
+
+def test_relu_backward_overwrites_only_owned_gradients(device):
+    x = leaf([[1.0, -2.0], [-3.0, 4.0]], device)
+    seed = tt.tensor([[5.0, 6.0], [7.0, 8.0]], dtype=tt.float64, device=device)
+    x.relu().backward(seed)
+    np.testing.assert_array_equal(seed.numpy(), [[5.0, 6.0], [7.0, 8.0]])
+    assert_grad(x, [[5.0, 0.0], [0.0, 8.0]])
+    x.grad = None
+    (x * 2).relu().sum().backward()
+    assert_grad(x, [[2.0, 0.0], [0.0, 2.0]])
+
+
 def test_freed_graph_still_allows_new_graphs_from_same_leaves(device):
     x = leaf([1.0], device)
     (x * x).sum().backward()

@@ -217,11 +217,12 @@ class Sigmoid(Function):
 
 class ReLU(Function):
     def forward(self, a: Any) -> Any:
-        self.positive = a > 0
-        return self.xp.maximum(a, 0)
+        self.out = self.xp.maximum(a, 0)
+        return self.out
 
     def backward(self, grad: Any) -> tuple:
-        return (grad * self.positive,)
+        # out=grad: multiply in place when the engine owns grad (section 4); None makes a new array.
+        return (self.xp.multiply(grad, self.out > 0, out=grad if self.owns_grad else None),)
 
 
 class Abs(Function):

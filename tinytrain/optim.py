@@ -257,8 +257,7 @@ class SGD(Optimizer):
 
         ``g += weight_decay * param``; with momentum ``b = momentum * b + g`` (in
         place on ``state["momentum_buffer"]``) and ``d = g + momentum * b``
-        (Nesterov) or ``d = b``; without, ``d = g``. Then ``param -= lr * d``,
-        with ``lr * d`` computed into ``self.scratch_like(param, xp)``.
+        (Nesterov) or ``d = b``; without, ``d = g``. Then ``param -= lr * d``.
         """
         if self.weight_decay:
             decayed = param * self.weight_decay  # a new array: the caller's grad stays as it was
@@ -274,9 +273,7 @@ class SGD(Optimizer):
                 direction += grad
             else:
                 direction = buffer
-        step = self.scratch_like(param, xp)  # param -= lr * d, without a new array for lr * d
-        xp.multiply(direction, self.lr, out=step)
-        param -= step
+        param -= direction * self.lr
 
 
 class Adam(Optimizer):

@@ -82,6 +82,7 @@ that graph from the output to the leaves in reverse topological order, calling
 each Function's ``backward`` and summing the gradients that meet at a tensor.
 """
 import contextlib
+import functools
 import heapq
 import itertools
 from typing import Any, Callable, Sequence
@@ -117,11 +118,14 @@ class Function:
     ``backward`` may return new arrays, views, ``grad`` itself or an input's
     array, but never an array kept anywhere else (a cache, another tensor's
     data): the engine may keep a new array as a leaf's ``.grad`` without a copy.
+    When ``self.owns_grad`` is true, nothing but the engine holds ``grad``, and
+    ``backward`` may overwrite it and return it (see :func:`backward`).
     """
 
     output_backend = None  # set by an operation whose result lives on another device
+    owns_grad = False  # set by the engine, per call of backward: whether it may overwrite `grad`
 
-    @property
+    @functools.cached_property
     def xp(self) -> Any:
         """The array namespace of the operation's device (NumPy, CuPy, ...)."""
         return self.backend.xp
@@ -138,6 +142,7 @@ class Function:
         ### BEGIN SOLUTION
         fn = cls()
         fn.backend = backend = inputs[0]._backend
+        fn.xp = backend.xp  # fills the cached property at once: forward and backward read it often
         try:
             data = fn.forward(*[t.data for t in inputs], **params)
         except ValueError as error:
@@ -467,7 +472,7 @@ print("reductions OK")
 # | sqrt | $\sqrt a$ | $\bar z / (2\sqrt a)$ |
 # | tanh | $\tanh a$ | $\bar z (1 - \tanh^2 a)$ |
 # | sigmoid | $\sigma(a) = 1/(1+e^{-a})$ | $\bar z\, \sigma(a)(1-\sigma(a))$ |
-# | relu | $\max(a, 0)$ | $\bar z \cdot [a > 0]$ |
+# | relu | $z = \max(a, 0)$ | $\bar z \cdot [z > 0]$ (reuse the output) |
 # | abs | $\lvert a\rvert$ | $\bar z\, \operatorname{sign}(a)$ |
 # | clip | $\min(\max(a, lo), hi)$ | $\bar z \cdot [lo \le a \le hi]$ |
 #
@@ -533,12 +538,13 @@ class Sigmoid(Function):
 
 class ReLU(Function):
     def forward(self, a: Any) -> Any:
-        self.positive = a > 0
-        return self.xp.maximum(a, 0)
+        self.out = self.xp.maximum(a, 0)
+        return self.out
 
     def backward(self, grad: Any) -> tuple:
         ### BEGIN SOLUTION
-        return (grad * self.positive,)
+        # out=grad: multiply in place when the engine owns grad (section 4); None makes a new array.
+        return (self.xp.multiply(grad, self.out > 0, out=grad if self.owns_grad else None),)
         ### END SOLUTION
 
 
@@ -770,34 +776,44 @@ print("indexing OK")
 # that the operation just computed, such as the `G^T X` of a weight gradient —
 # and `_accumulate` then keeps it without copying. With `retain_graph=True` the
 # operation keeps its saved arrays, so the engine never adopts then.
+#
+# **No new array where an old one will do.** The same test says when the gradient
+# that the engine hands to an operation is the engine's alone: then
+# `fn.owns_grad` is set, and `backward` may write its result into `grad` instead of
+# a new array — ReLU does, with `out=`. A new array for every elementwise backward
+# costs an allocation and a pass over memory that is not in the cache; NumPy code
+# written by hand does such steps in place, and so can we, when it is safe.
 
 # %% export="autograd"
-def _recorded_inputs(fn: Function) -> tuple:
-    """The inputs ``fn`` recorded, or a clear error if backward already freed them."""
-    inputs = getattr(fn, "inputs", None)
-    if inputs is None:
-        raise RuntimeError(
-            "trying to backward through the graph a second time (its saved arrays were freed by the first "
-            "backward); pass retain_graph=True to the first backward() if you need to do this"
-        )
-    return inputs
+def _freed_graph_error() -> RuntimeError:
+    """What a backward through a graph that an earlier backward freed raises."""
+    return RuntimeError(
+        "trying to backward through the graph a second time (its saved arrays were freed by the first "
+        "backward); pass retain_graph=True to the first backward() if you need to do this"
+    )
 
 
-def _unshared(grad: Any, grads: tuple, incoming: Any, inputs: tuple) -> bool:
-    """Whether ``grad``, one of the ``grads`` that a backward returned, is a new array nobody else holds.
+def _unshared(grad: Any, fn: Function, grads: tuple, incoming: Any) -> bool:
+    """Whether ``grad``, one of the ``grads`` that ``fn.backward(incoming)`` returned, is an array nobody else holds.
 
-    True unless it is a view (it shares memory with the array it views: the
-    incoming gradient or a saved array), the ``incoming`` gradient itself (an
-    addition passes it on unchanged), returned for two inputs at once, or the
-    data of one of the operation's ``inputs``.
+    True for a new array of ``fn``'s device, unless it is a view (it shares
+    memory with the array it views: the incoming gradient or a saved array),
+    returned for two inputs at once, or the data of one of ``fn``'s inputs. The
+    ``incoming`` gradient itself, passed on unchanged (an addition) or
+    overwritten in place (a ReLU), is unshared only if ``fn.owns_grad``.
     """
-    if grad is incoming or getattr(grad, "base", True) is not None:  # or a view, or not an array at all
+    if not fn.backend.is_array(grad):  # a NumPy scalar, say: `out=` cannot take it
+        return False
+    if grad is incoming:
+        if not fn.owns_grad:
+            return False
+    elif grad.base is not None:  # a view
         return False
     holders = 0
-    for other in grads:  # plain loops: this runs for every parameter on every step
+    for other in grads:  # plain loops: this runs for every gradient on every step
         if other is grad:
             holders += 1
-    for t in inputs:
+    for t in fn.inputs:
         if t.data is grad:
             return False
     return holders == 1
@@ -813,7 +829,7 @@ def _accumulate(leaf: Any, grad: Any, unshared: bool = False) -> None:
     """
     if leaf.grad is not None:
         leaf.grad.data += grad
-    elif unshared and grad.dtype == leaf.dtype and leaf._backend.is_array(grad):
+    elif unshared and grad.dtype == leaf.data.dtype:
         leaf.grad = leaf._make(grad, leaf._backend)
     else:
         leaf.grad = leaf._make(leaf._backend.xp.array(grad, dtype=leaf.dtype), leaf._backend)
@@ -828,6 +844,7 @@ def backward(tensor: Any, grad: Any = None, retain_graph: bool = False) -> None:
     if not tensor.requires_grad:
         raise RuntimeError("backward() on a tensor that does not require grad: no input had requires_grad=True, "
                            "or it was computed under no_grad()")
+    owned = grad is None  # the seed is the engine's own only when it makes it
     if grad is None:
         if tensor.size != 1:
             raise RuntimeError(f"backward() without a grad argument needs a single-element tensor, got shape "
@@ -842,25 +859,33 @@ def backward(tensor: Any, grad: Any = None, retain_graph: bool = False) -> None:
         return
     ### BEGIN SOLUTION
     root = tensor._ctx
-    _recorded_inputs(root)
+    if not hasattr(root, "inputs"):
+        raise _freed_graph_error()
+    root.owns_grad = owned
     output_grads = {root: grad}
     newest_first = [(-root.sequence, root)]
     while newest_first:
         fn = heapq.heappop(newest_first)[1]
-        inputs = _recorded_inputs(fn)
+        try:
+            inputs = fn.inputs
+        except AttributeError:  # freed by an earlier backward through a shared part of the graph
+            raise _freed_graph_error() from None
         incoming = output_grads.pop(fn)
         grads = fn.backward(incoming)
         for parent, parent_grad in zip(inputs, grads):
             if parent_grad is None or not parent.requires_grad:
                 continue
+            # With retain_graph, fn keeps its saved arrays: never adopt or overwrite what it returns.
+            unshared = not retain_graph and _unshared(parent_grad, fn, grads, incoming)
             creator = parent._ctx
-            if creator is None:  # a leaf; with retain_graph, fn keeps its saved arrays: never adopt one
-                unshared = not retain_graph and _unshared(parent_grad, grads, incoming, inputs)
+            if creator is None:  # a leaf
                 _accumulate(parent, parent_grad, unshared)
             elif creator in output_grads:
                 output_grads[creator] = output_grads[creator] + parent_grad
+                creator.owns_grad = True  # the sum is a new array
             else:
                 output_grads[creator] = parent_grad
+                creator.owns_grad = unshared
                 heapq.heappush(newest_first, (-creator.sequence, creator))
         if not retain_graph:
             vars(fn).clear()  # frees saved arrays and the links to the inputs
