@@ -10,9 +10,12 @@ gradients, optimizer state and activations, computed here.
 
 How it measures: one BLAS thread on every side (``_timing`` pins OpenBLAS, MKL
 and OpenMP; PyTorch gets ``torch.set_num_threads(1)``); every implementation in
-a fresh process of its own, so that one side's heap history cannot slow
+fresh processes of its own (three, since a process's speed depends on where
+its arrays land in memory), so that one side's heap history cannot slow
 another; the processes take turns, one sample each, so a slow phase of a shared
-machine hits all sides alike; medians after warm-up. Ratios are tinytrain's
+machine hits all sides alike, and each sample starts with an untimed step that
+refills the caches the previous process evicted; the median over processes of
+each process's median after warm-up. Ratios are tinytrain's
 time (or memory) over the other side's: below 1 means tinytrain is faster
 (smaller); for throughput the ratio is still one of times. PyTorch columns are
 empty when it is not installed.
