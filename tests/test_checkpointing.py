@@ -95,6 +95,26 @@ def test_parameters_get_gradients_when_no_input_requires_grad():
     assert all(p.grad is not None and np.abs(p.grad.numpy()).sum() > 0 for p in model.parameters())
 
 
+@pytest.mark.parametrize("wrap", [lambda m: nn.Checkpoint(m), lambda m: (lambda t: checkpoint(m, t))],
+                         ids=["Checkpoint", "checkpoint"])
+def test_batchnorm_inside_a_checkpoint_counts_each_batch_once(device, wrap):
+    def model():
+        tt.manual_seed(0)
+        return nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4), nn.ReLU()).to(device, dtype="float64")
+
+    plain, checkpointed = model(), model()
+    run = wrap(checkpointed)
+    x = tt.tensor(np.random.default_rng(1).standard_normal((8, 3)), dtype="float64", device=device)
+    for _ in range(3):
+        plain(x).sum().backward()
+        run(x).sum().backward()
+    for (name, expected), (_, found) in zip(plain.named_buffers(), checkpointed.named_buffers()):
+        np.testing.assert_allclose(found.numpy(), expected.numpy(), rtol=1e-12, err_msg=name)
+    assert int(checkpointed[1].num_batches_tracked.item()) == 3
+    for p, q in zip(plain.parameters(), checkpointed.parameters()):
+        np.testing.assert_allclose(q.grad.numpy(), p.grad.numpy(), rtol=1e-10)
+
+
 def test_nested_checkpoints_and_segments_match_plain():
     tt.manual_seed(0)
     layers = [nn.Sequential(nn.Linear(4, 4), nn.Tanh()) for _ in range(6)]

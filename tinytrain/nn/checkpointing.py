@@ -60,12 +60,37 @@ class Recompute(Function):
 _anchors: dict[Any, Tensor] = {}  # backend -> a scalar that requires grad
 
 
+def _recompute_keeps_buffers(module: Module) -> Callable[..., Tensor]:
+    """``module`` as a function whose second and later runs (the recompute) put its buffers back.
+
+    Only the first run, the real forward, may change running statistics.
+    """
+    runs = 0
+
+    def run(*inputs: Tensor) -> Tensor:
+        nonlocal runs
+        runs += 1
+        if runs == 1:
+            return module(*inputs)
+        buffers = [buffer for buffer in module.buffers() if buffer is not None]
+        saved = [buffer.data.copy() for buffer in buffers]
+        try:
+            return module(*inputs)
+        finally:
+            for buffer, value in zip(buffers, saved):
+                buffer.data[...] = value
+
+    return run
+
+
 def checkpoint(function: Callable[..., Tensor], *inputs: Tensor) -> Tensor:
     """``function(*inputs)`` (one Tensor out) without keeping the activations inside it.
 
     The segment runs again during backward, with the random state it first ran
     with. Gradients reach the inputs and every tensor ``function`` uses (its
-    parameters) as if it had run normally. Under ``no_grad`` it is just a call.
+    parameters) as if it had run normally. A Module's buffers (BatchNorm's running
+    statistics) change once, in the forward, not again in the recompute. Under
+    ``no_grad`` it is just a call.
     """
     if not inputs or not all(isinstance(t, Tensor) for t in inputs):
         raise TypeError(f"checkpoint(fn, *inputs): inputs must be one or more Tensors, got "
@@ -76,13 +101,14 @@ def checkpoint(function: Callable[..., Tensor], *inputs: Tensor) -> Tensor:
     anchor = _anchors.get(backend)
     if anchor is None:
         anchor = _anchors[backend] = Tensor._make(backend.xp.zeros((), dtype="float32"), backend, True)
+    if isinstance(function, Module):
+        function = _recompute_keeps_buffers(function)
     return Recompute.apply(*inputs, anchor, function=function, count=len(inputs))
 
 
 class Checkpoint(Module):
     """Wraps ``module`` so that its forward is checkpointed (its parameters are
-    registered under ``module.``). Note: layers with running statistics (BatchNorm)
-    update them twice per step, once in the forward and once in the recompute."""
+    registered under ``module.``; its buffers change once per forward, as without it)."""
 
     def __init__(self, module: Module) -> None:
         super().__init__()
