@@ -380,15 +380,21 @@ def test_every_optimizer_steps_on_the_device(device: str, name: str) -> None:
         assert_same(device, p.numpy(), q.numpy(), f"{name}: one more step after moving the state to the CPU")
 
 
-@pytest.mark.xfail(strict=True, reason="Module 06: an optimizer's state stays on the device the parameters had "
-                                       "when it was created; after model.to(other) the next step mixes devices. "
-                                       "Workaround (tested below): optimizer.load_state_dict(optimizer.state_dict())")
-def test_moving_a_model_after_optimizer_steps_keeps_the_optimizer_working() -> None:
-    model, optimizer = optimize("cpu", "Adam", steps=1)
-    model.to("strict")
-    optimizer.zero_grad()
-    nn.CrossEntropyLoss()(model(tt.tensor(X, device="strict")), tt.tensor(Y, device="strict")).backward()
-    optimizer.step()
+@pytest.mark.parametrize("name", sorted(OPTIMIZERS))
+def test_optimizer_state_follows_the_model_to_another_device(device: str, name: str) -> None:
+    straight, _ = optimize("cpu", name, steps=4)
+    model, optimizer = optimize("cpu", name, steps=2)
+    for target in (device, "cpu"):  # there, one step, and back again
+        model.to(target)
+        optimizer.zero_grad()
+        nn.CrossEntropyLoss()(model(tt.tensor(X, device=target)), tt.tensor(Y, device=target)).backward()
+        optimizer.step()
+        for state in optimizer.state:
+            for key, value in state.items():
+                if hasattr(value, "shape"):
+                    assert backend(target).is_array(value), f"{name}: state {key} stayed behind on the way to {target}"
+    for p, q in zip(model.parameters(), straight.parameters()):
+        assert_same(device, p.numpy(), q.numpy(), f"{name}: after moving there and back")
 
 
 def test_the_optimizer_state_follows_the_model_through_load_state_dict(device: str) -> None:

@@ -85,6 +85,7 @@ class Optimizer:
     def __init__(self, params: Iterable[Tensor]) -> None:
         self.params = _parameter_list(params)
         self.state: list[dict[str, Any]] = [{} for _ in self.params]
+        self._state_backends: list[Any] = [None] * len(self.params)  # where each state's arrays live
         self._scratch: dict[Any, Any] = {}  # (xp, dtype, device) -> flat buffer: see scratch_like
         self._scratch_views: dict[Any, Any] = {}  # (xp, dtype, device, *shape) -> view of that buffer
 
@@ -133,18 +134,32 @@ class Optimizer:
         return view
 
     def step(self) -> None:
-        """Update every parameter that has a gradient; skip (and keep the state of) the others."""
-        for param, state in zip(self.params, self.state):
+        """Update every parameter that has a gradient; skip (and keep the state of) the others.
+
+        State follows its parameter: after ``model.to(device)`` the next step
+        moves each state's arrays to the parameter's new device first.
+        """
+        for i, (param, state) in enumerate(zip(self.params, self.state)):
             grad = param.grad
             if grad is None:
                 continue
             array, grad = param.data, grad.data
             if grad.shape != array.shape:
                 raise ValueError(f"a parameter of shape {array.shape} has a gradient of shape {grad.shape}")
-            xp = param._backend.xp
+            backend = param._backend
             if not state:
-                state.update(self.init_state(array, xp))
-            self.update(array, grad, state, xp)
+                state.update(self.init_state(array, backend.xp))
+            elif self._state_backends[i] is not backend:
+                self._move_state(state, self._state_backends[i], backend)
+            self._state_backends[i] = backend
+            self.update(array, grad, state, backend.xp)
+
+    @staticmethod
+    def _move_state(state: dict[str, Any], source: Any, target: Any) -> None:
+        """Copy the arrays of ``state`` from device ``source`` to ``target`` (through the host)."""
+        for key, value in state.items():
+            if source is not None and source.is_array(value):
+                state[key] = target.from_host(source.to_host(value))
 
     def zero_grad(self) -> None:
         """Forget every parameter's gradient (``.grad = None``)."""
@@ -214,6 +229,7 @@ class Optimizer:
             restored.append(state)
         self._configure(**hyperparameters)
         self.state = restored
+        self._state_backends = [param._backend for param in self.params]
 
 
 class SGD(Optimizer):
