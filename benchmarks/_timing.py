@@ -127,11 +127,13 @@ def lockstep_medians(
         for copy in range(processes):
             for name, (target, args) in builders.items():
                 module, function = target.split(":")
+                log = tempfile.TemporaryFile("w+")  # a file, not a pipe: a chatty worker cannot block on it
                 worker = subprocess.Popen(
                     [sys.executable, "-c", _WORKER, str(Path(__file__).parent), module, function, json.dumps(args),
                      str(inner), str(warmup), cpu],
-                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=tempfile.TemporaryFile("w+"), text=True,
+                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True,
                 )
+                worker.log = log  # Popen.stderr is None when stderr is a file: _expect reads this instead
                 _expect(worker, name, "ready")  # built and warmed up before the next one starts
                 workers.append((name, worker))
         samples: list[list[float]] = [[] for _ in workers]
@@ -173,8 +175,8 @@ def _expect(worker: subprocess.Popen, name: str, expected: str | None = None) ->
     if not line or (expected is not None and line != expected):
         worker.kill()
         worker.wait()
-        worker.stderr.seek(0)
-        raise RuntimeError(f"benchmark process {name!r} failed:\n{worker.stderr.read()}")
+        worker.log.seek(0)
+        raise RuntimeError(f"benchmark process {name!r} failed:\n{worker.log.read()}")
     return line
 
 
