@@ -10,9 +10,10 @@ SGD with momentum 0.9.
 
 All three implementations start from the same weights and batch and do the same
 arithmetic in float32 (checked: their first three losses agree). One BLAS
-thread; each implementation runs in a process of its own, the processes timed
-in turns (see ``_timing.lockstep_medians``), with the C library's default
-allocator settings. Peak memory is what ``tracemalloc`` sees (NumPy reports its
+thread; each implementation runs in processes of its own, timed in turns (see
+``_timing.lockstep_medians``). tinytrain's processes run with the allocator
+settings that importing tinytrain makes (``tinytrain/allocator.py``: freed
+memory stays in the heap), the others with the C library's defaults. Peak memory is what ``tracemalloc`` sees (NumPy reports its
 arrays to it; PyTorch's allocator does not, so PyTorch has no figure).
 
     python benchmarks/cnn_step.py [--quick] [--only mnist|cifar] [--json PATH]
