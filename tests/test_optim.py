@@ -450,6 +450,23 @@ def test_load_state_dict_without_copy_resumes_the_same(device):
         assert twin.state[1]["momentum_buffer"] is not saved["state"][1]["momentum_buffer"]
 
 
+@pytest.mark.parametrize("kind", ["SGD", "Adam"])
+def test_loaded_state_of_a_parameter_not_yet_updated_starts_fresh(device, kind):
+    make = {"SGD": lambda ps: SGD(ps, lr=0.1, momentum=0.9), "Adam": lambda ps: Adam(ps, lr=0.1)}[kind]
+    first_only = [[g[0]] + [None] * (len(SHAPES) - 1) for g in gradient_sequence(2)]
+    params = make_params(initial_values(), device)
+    optimizer = make(params)
+    run(optimizer, params, first_only)  # only parameter 0 has state
+    twin_params = [tt.tensor(p.numpy(), device=device, requires_grad=True) for p in params]
+    twin = make(twin_params)
+    twin.load_state_dict(optimizer.state_dict())
+    assert twin.state[1] == {}
+    run(optimizer, params, gradient_sequence(2, seed=5))  # now every parameter
+    run(twin, twin_params, gradient_sequence(2, seed=5))
+    for a, b in zip(params, twin_params):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())
+
+
 def test_load_state_dict_moves_to_the_parameters_device_and_dtype(device):
     source = make_params(initial_values(), "cpu")
     optimizer = Adam(source, lr=0.01)

@@ -275,7 +275,7 @@ class Optimizer:
         State follows its parameter: after ``model.to(device)`` the next step
         moves each state's arrays to the parameter's new device first.
         """
-        for i, (param, state) in enumerate(zip(self.params, self.state)):
+        for index, (param, state, home) in enumerate(zip(self.params, self.state, self._state_backends)):
             grad = param.grad
             if grad is None:
                 continue
@@ -283,19 +283,19 @@ class Optimizer:
             if grad.shape != array.shape:
                 raise ValueError(f"a parameter of shape {array.shape} has a gradient of shape {grad.shape}")
             backend = param._backend
-            if not state:
-                state.update(self.init_state(array, backend.xp))
-            elif self._state_backends[i] is not backend:
-                self._move_state(state, self._state_backends[i], backend)
-            self._state_backends[i] = backend
+            if home is not backend:  # the first step, or the parameter has moved since the last one
+                self._settle_state(index, backend)
             self.update(array, grad, state, backend.xp)
 
-    @staticmethod
-    def _move_state(state: dict[str, Any], source: Any, target: Any) -> None:
-        """Copy the arrays of ``state`` from device ``source`` to ``target`` (through the host)."""
+    def _settle_state(self, index: int, backend: Any) -> None:
+        """Create parameter ``index``'s state, or copy its arrays (through the host) to ``backend``."""
+        state, home = self.state[index], self._state_backends[index]
+        if not state:
+            state.update(self.init_state(self.params[index].data, backend.xp))
         for key, value in state.items():
-            if source is not None and source.is_array(value):
-                state[key] = target.from_host(source.to_host(value))
+            if home is not None and home.is_array(value):
+                state[key] = backend.from_host(home.to_host(value))
+        self._state_backends[index] = backend
 
     def zero_grad(self) -> None:
         """Forget every parameter's gradient (``.grad = None``)."""
@@ -365,7 +365,7 @@ class Optimizer:
             restored.append(state)
         self._configure(**hyperparameters)
         self.state = restored
-        self._state_backends = [param._backend for param in self.params]
+        self._state_backends = [param._backend if state else None for param, state in zip(self.params, restored)]
 
 
 # %% [markdown]

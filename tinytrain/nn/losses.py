@@ -54,7 +54,8 @@ def _unreduce(grad: Any, reduction: str, count: int) -> Any:
 def _as_target(target: Any, like: Tensor) -> Tensor:
     """``target`` as a tensor on ``like``'s device, cut off from the graph."""
     if isinstance(target, Tensor):
-        return like._operand(target).detach()  # raises if it lives on another device
+        target = like._operand(target)  # raises if it lives on another device
+        return target.detach() if target.requires_grad else target
     return Tensor(target, device=like._backend)
 
 
