@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import subprocess
 import sys
@@ -275,6 +276,46 @@ def test_check_names_files_stale_after_editing_the_source(built: Path, capsys: p
         run_cli(capsys, "build", "--root", str(built))[1] == "wrote notebooks/01_demo.ipynb\nwrote tinytrain/nn/x.py\n"
     )
     assert build.check(built) == []
+
+
+def filled_in(notebook: Path) -> None:
+    """Replace the first stub of ``notebook`` by an answer, as a student would."""
+    data = json.loads(notebook.read_text())
+    for cell in data["cells"]:
+        source = "".join(cell["source"])
+        if build.STUB_MARKER in source:
+            cell["source"] = source.replace(build.STUB_MARKER, "return a + b  # my answer", 1)
+            break
+    notebook.write_text(json.dumps(data))
+
+
+def test_build_keeps_a_notebook_with_work_unless_forced(built: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    notebook = built / "notebooks/01_demo.ipynb"
+    filled_in(notebook)
+    (built / SOURCE).write_text(DEMO.replace("SCALE = 3", "SCALE = 4"))  # the author changes the module
+    before = snapshot(built)
+    status, _, err = run_cli(capsys, "build", "--root", str(built))
+    assert status != 0 and "notebooks/01_demo.ipynb" in err and "solution filled in" in err and "--force" in err
+    assert snapshot(built) == before, "nothing is written when a notebook would lose work"
+    status, out, _ = run_cli(capsys, "build", "--force", "--root", str(built))
+    assert status == 0 and "wrote notebooks/01_demo.ipynb" in out
+    assert build.check(built) == []
+
+
+def test_build_keeps_a_notebook_with_outputs(built: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    notebook = built / "notebooks/01_demo.ipynb"
+    data = json.loads(notebook.read_text())
+    code = next(cell for cell in data["cells"] if cell["cell_type"] == "code")
+    code["outputs"] = [{"output_type": "stream", "name": "stdout", "text": ["7\n"]}]
+    notebook.write_text(json.dumps(data))
+    status, _, err = run_cli(capsys, "build", "--root", str(built))
+    assert status != 0 and "has outputs" in err
+
+
+def test_build_replaces_a_notebook_the_author_changed(built: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (built / SOURCE).write_text(DEMO.replace("SCALE = 3", "SCALE = 4"))
+    status, out, _ = run_cli(capsys, "build", "--root", str(built))
+    assert status == 0 and "wrote notebooks/01_demo.ipynb" in out
 
 
 def test_check_names_an_edited_generated_file(built: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -1,6 +1,6 @@
 """The ``tinytrain`` command line.
 
-    tinytrain build [--check]                  notebooks and library files from modules/
+    tinytrain build [--check] [--force]        notebooks and library files from modules/
     tinytrain grade NN [--notebook P] [--json] module NN's graded checks on the student's notebook
                                                (--installed: on the code installed in the package)
     tinytrain export NN [--notebook P]         the notebook's code into the installed package
@@ -64,7 +64,7 @@ def _build(args: argparse.Namespace) -> int:
     try:
         if args.check:
             return _report_stale(root, build.stale(root))
-        result = build.write(root)
+        result = build.write(root, force=args.force)
     except build.BuildError as error:
         raise UsageError(str(error)) from None
     for path in result.written:
@@ -574,6 +574,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     build = _command(commands, "build", _build, "generate tinytrain/ library files and notebooks/ from modules/")
     build.add_argument("--check", action="store_true", help="change nothing; exit 1 if any generated file is stale")
+    build.add_argument("--force", action="store_true",
+                       help="replace notebooks even when they hold work (filled-in solutions or outputs)")
     grade = _command(commands, "grade", _grade, "run module NN's graded checks on the code in your notebook")
     grade.add_argument("module", metavar="NN", help="the module: its number (03) or name (03_activations)")
     grade.add_argument("--notebook", metavar="PATH", help="the notebook to grade (default: notebooks/NN_name.ipynb)")
