@@ -158,7 +158,7 @@ def measure(quick: bool = False, with_torch: bool = True) -> dict[str, dict[str,
     """
     names = ["tinytrain", "numpy"] + (["torch"] if with_torch else [])
     results = lockstep_medians({name: ("mlp_step:build", (name,)) for name in names},
-                               repeats=30 if quick else 100, warmup=10, inner=3)
+                               repeats=30 if quick else 100, warmup=10, inner=3, processes=3 if quick else 5)
     for name, found in results.items():
         if not np.allclose(found["first"], results["tinytrain"]["first"], rtol=1e-4, atol=1e-5):
             raise AssertionError(f"MLP step: {name}'s losses {found['first']} differ from tinytrain's "
