@@ -455,9 +455,11 @@ for temperature in (0.25, 1.0, 4.0):
 # backward pass reaches it. For a 1M-element float32 tensor (4 MiB), measure
 # forward + backward time and the bytes the operation holds for backward.
 #
-# What each one keeps, from its backward rule: ReLU needs only *where* $x > 0$ (a
-# boolean mask, 1 byte per element); sigmoid, tanh and softmax reuse their
-# output (4 bytes); our GELU keeps its input (4 bytes) and recomputes $\tanh$.
+# What each one keeps, from its backward rule: ReLU needs only *where* $x > 0$,
+# which its output tells ($z > 0$ exactly there), so it keeps the output (4
+# bytes per element, where a boolean mask would take 1); sigmoid, tanh and
+# softmax reuse their output too; our GELU keeps its input (4 bytes) and
+# recomputes $\tanh$.
 
 # %%
 def saved_bytes(out: Tensor) -> int:
@@ -499,9 +501,10 @@ for name, f in [("relu", relu), ("sigmoid", sigmoid), ("tanh", tanh), ("gelu", g
 # element: recomputation *trades time for memory*, the idea behind gradient
 # checkpointing in Module 11.
 #
-# A subtlety in the memory column: sigmoid's saved array *is* its output, and the
-# next layer usually keeps that output alive anyway, so it costs nothing extra;
-# ReLU's mask is genuinely new memory, but small.
+# A subtlety in the memory column: the saved array of relu, sigmoid and tanh *is*
+# their output, and the next layer usually keeps that output alive anyway, so it
+# costs nothing extra — which is why ReLU keeps its output rather than a mask,
+# which would be 1 byte per element of genuinely new memory.
 #
 # ## How PyTorch does it
 #

@@ -1137,15 +1137,16 @@ print(f"total     {count:,} parameters, {size / 2**20:.2f} MiB in float32")
 # Training needs more than the weights: every parameter gets a gradient of the
 # same size, Adam (Module 06) keeps two more arrays per parameter, and the
 # forward pass saves activations for backward — for a batch of $B$ images,
-# `LinearFunction` keeps each layer's input, $B \times (784 + 256 + 128)$ numbers,
-# and each ReLU a one-byte mask of where its input was positive. For this small MLP the weights dominate until the
-# batch reaches a few hundred images:
+# `LinearFunction` keeps each layer's input, $B \times (784 + 256 + 128)$ numbers;
+# each ReLU keeps its output, which is the next layer's input, so nothing more.
+# For this small MLP the weights dominate until the batch reaches a few hundred
+# images:
 
 # %%
 batch = 64
 weights_and_grads = 2 * size
 adam_state = 2 * size
-saved_activations = batch * (784 + 256 + 128) * 4 + batch * (256 + 128)  # Linear inputs + ReLU masks
+saved_activations = batch * (784 + 256 + 128) * 4  # the Linear inputs (the ReLU outputs among them)
 print(f"weights + grads {weights_and_grads / 2**20:.2f} MiB, Adam state {adam_state / 2**20:.2f} MiB, "
       f"saved activations at batch {batch}: {saved_activations / 2**20:.2f} MiB")
 
