@@ -62,6 +62,21 @@ def test_unscale_finds_inf_and_nan_and_divides_in_float32():
         assert scaler.unscale_([p]) is True
 
 
+def test_unscale_reads_one_flag_back_per_device(monkeypatch):
+    backend = tt.get_backend("strict")
+    reads = []
+    to_host = backend.to_host
+    monkeypatch.setattr(backend, "to_host", lambda array: reads.append(array) or to_host(array))
+    params = [tt.tensor([1.0, 2.0], device="strict", requires_grad=True) for _ in range(5)]
+    for p in params:
+        p.grad = tt.tensor([4.0, 8.0], dtype="float16", device="strict")
+    scaler = GradScaler(init_scale=4.0)
+    assert scaler.unscale_(params) is False and len(reads) == 1
+    params[3].grad = tt.tensor([np.inf, 1.0], dtype="float16", device="strict")
+    reads.clear()
+    assert scaler.unscale_(params) is True and len(reads) == 1
+
+
 def test_overflow_skips_the_step_and_halves_the_scale():
     trainer = toy()
     before = [p.numpy() for p in trainer.model.parameters()]

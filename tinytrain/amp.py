@@ -57,15 +57,17 @@ class GradScaler:
         """Divide every gradient by the scale, in float32 and in place; whether one
         is inf or nan (``found_inf``: then the step must be skipped)."""
         inverse = 1.0 / self.scale
-        flags = []
+        finite = {}  # backend -> whether its gradients so far are all finite, kept on the device
         for p in parameters:
             if p.grad is None:
                 continue
-            xp = p.grad._backend.xp
+            backend = p.grad._backend
             grad = p.grad.data.astype(p.dtype) * inverse  # the parameter's (master) dtype
-            p.grad = Tensor._make(grad, p.grad._backend)
-            flags.append(p.grad._backend.to_host(xp.isfinite(grad).all()))
-        return not all(bool(flag) for flag in flags)
+            p.grad = Tensor._make(grad, backend)
+            clean = backend.xp.isfinite(grad).all()
+            finite[backend] = backend.xp.logical_and(finite[backend], clean) if backend in finite else clean
+        # One read per device, not per gradient: on a GPU every read back waits for all queued work.
+        return not all(bool(backend.to_host(clean)) for backend, clean in finite.items())
 
     def state_dict(self) -> dict:
         return {"scale": self.scale, "clean_steps": self.clean_steps, "skipped_steps": self.skipped_steps,
