@@ -124,7 +124,7 @@ def lockstep_medians(
     cpu = str(max(os.sched_getaffinity(0))) if hasattr(os, "sched_getaffinity") else "-"
     workers: list[tuple[str, subprocess.Popen]] = []
     try:
-        for copy in range(processes):
+        for _ in range(processes):
             for name, (target, args) in builders.items():
                 module, function = target.split(":")
                 log = tempfile.TemporaryFile("w+")  # a file, not a pipe: a chatty worker cannot block on it

@@ -426,8 +426,8 @@ for bad in ([], [tt.zeros(3)]):
 # `param -= lr * d` builds `lr * d`, a temporary as large as the parameter, on
 # every step, exactly as hand-written NumPy does. That is cheaper than it looks:
 # the C heap hands the block freed one step earlier straight back, still in the
-# cache. (We measured a buffer kept for the purpose instead: the MLP step got 3%
-# *slower*, because one more array competes for the cache.)
+# cache. (A buffer kept for the purpose was no faster in our MLP measurements:
+# it is one more array competing for the cache.)
 
 # %% export="optim"
 class SGD(Optimizer):
