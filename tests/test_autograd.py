@@ -511,3 +511,24 @@ def test_setting_requires_grad_on_leaf(device):
     x.requires_grad = True
     (x * x).sum().backward()
     assert_grad(x, [2.0, 4.0])
+
+
+def test_leaf_gradient_takes_the_memory_order_of_its_leaf(device):
+    """A column-major leaf gets a column-major ``.grad`` even from an operation whose gradient
+    comes out row-major (MatMul's ``x^T g``), and keeps it when a second backward adds to it:
+    an in-place optimizer update mixing the two orders is up to 40x slower. A row-major leaf stays row-major."""
+    from tinytrain.backend import memory_order
+
+    rng = np.random.default_rng(0)
+    x = tt.tensor(rng.standard_normal((4, 3)), dtype="float64", device=device)
+    column_major = tt.tensor(rng.standard_normal((3, 2)), dtype="float64", device=device, requires_grad=True)
+    column_major.data = column_major._backend.xp.array(column_major.data, order="F")
+    row_major = tt.tensor(np.ascontiguousarray(column_major.numpy()), device=device, requires_grad=True)
+    expected = x.numpy().T @ np.ones((4, 2))
+    for w, order in [(column_major, "F"), (row_major, "C")]:
+        (x @ w).sum().backward()
+        assert memory_order(w.grad.data) == order
+        np.testing.assert_allclose(w.grad.numpy(), expected)
+        (x @ w).sum().backward()
+        assert memory_order(w.grad.data) == order
+        np.testing.assert_allclose(w.grad.numpy(), 2 * expected)

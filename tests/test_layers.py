@@ -121,6 +121,28 @@ def test_linear_init_is_reproducible() -> None:
     assert not np.array_equal(b.weight.numpy(), c.weight.numpy())
 
 
+def test_linear_weight_and_its_gradient_are_column_major(device, other_device) -> None:
+    """The weight is stored column-major, so ``x @ W.T`` is a plain product for BLAS; moves, casts and
+    loads keep that order, and the gradient takes the weight's order, column- or row-major."""
+    from tinytrain.backend import memory_order
+
+    layer = nn.Linear(5, 3).to(other_device).to(device)
+    assert memory_order(layer.weight.data) == "F"
+    layer.load_state_dict(nn.Linear(5, 3).state_dict())
+    assert memory_order(layer.weight.data) == "F"
+    rng = np.random.default_rng(1)
+    x, g = rng.standard_normal((4, 5)), rng.standard_normal((4, 3))
+    for order in "FC":
+        layer = to64(layer, device)
+        layer.weight.data = layer.weight._backend.xp.array(layer.weight.data, order=order)
+        layer.zero_grad()
+        layer(tt.tensor(x, dtype="float64", device=device)).backward(tt.tensor(g, dtype="float64", device=device))
+        assert memory_order(layer.weight.data) == memory_order(layer.weight.grad.data) == order
+        np.testing.assert_allclose(layer.weight.grad.numpy(), g.T @ x, rtol=1e-12)
+        assert tt.gradcheck(lambda x, w, b: layer(x), [randn(device, 2, 5, requires_grad=True), layer.weight,
+                                                       layer.bias])
+
+
 def test_linear_matches_pytorch_layout() -> None:
     torch = pytest.importorskip("torch")
     layer = nn.Linear(5, 3)

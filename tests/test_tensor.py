@@ -492,3 +492,12 @@ def test_pickle_and_deepcopy_keep_values_and_device(device):
         assert clone.device == original.device
         np.testing.assert_array_equal(clone.numpy(), original.numpy())
         assert clone.data is not original.data
+
+
+def test_memory_order_names_arrays_stored_column_major_only():
+    from tinytrain.backend import memory_order
+
+    a = np.zeros((3, 4), np.float32)
+    assert memory_order(a) == "C" and memory_order(a.T) == "F" and memory_order(np.asfortranarray(a)) == "F"
+    assert memory_order(np.zeros(5)) == "C" and memory_order(np.zeros((1, 4)).T) == "C"  # both at once: C
+    assert memory_order(a[:, ::2]) == "C"  # neither: C, the order of NumPy's copies

@@ -14,6 +14,8 @@ import heapq
 import itertools
 from typing import Any, Callable, Sequence
 
+from tinytrain.backend import memory_order
+
 _grad_enabled = True
 _creation_order = itertools.count()  # numbers recorded operations: inputs are always older
 
@@ -141,16 +143,20 @@ def _accumulate(leaf: Any, grad: Any, unshared: bool = False) -> None:
     """Add ``grad`` into ``leaf.grad``.
 
     On first use ``leaf.grad`` takes ``grad`` itself when it is ``unshared`` (see
-    :func:`_unshared`) and of the leaf's dtype, otherwise a copy: a shared array
-    would change under its other holder when the next backward adds into it.
+    :func:`_unshared`) and has the leaf's dtype and memory order, otherwise a
+    copy: a shared array would change under its other holder when the next
+    backward adds into it, and a gradient stored in another order than its
+    parameter would slow down every elementwise update of the optimizer.
     Adopting saves a copy of every parameter's gradient on every training step.
     """
     if leaf.grad is not None:
         leaf.grad.data += grad
-    elif unshared and grad.dtype == leaf.data.dtype:
+        return
+    order = memory_order(leaf.data)
+    if unshared and grad.dtype == leaf.data.dtype and memory_order(grad) == order:
         leaf.grad = leaf._make(grad, leaf._backend)
     else:
-        leaf.grad = leaf._make(leaf._backend.xp.array(grad, dtype=leaf.dtype), leaf._backend)
+        leaf.grad = leaf._make(leaf._backend.xp.array(grad, dtype=leaf.dtype, order=order), leaf._backend)
 
 
 def backward(tensor: Any, grad: Any = None, retain_graph: bool = False) -> None:

@@ -163,6 +163,19 @@ def backend_of_array(array: Any) -> Backend | None:
     return None
 
 
+def memory_order(array: Any) -> str:
+    """``"F"`` for an array stored column-major only (a transposed matrix, say), otherwise ``"C"``.
+
+    An elementwise operation on two arrays of one shape but different orders
+    walks one of them against its memory order, a cache miss per element: an
+    in-place ``a += b`` on a 256x784 float32 matrix took 944 µs instead of 24 µs
+    (4x for a new array). So a gradient, and every optimizer buffer, takes the
+    memory order of its parameter.
+    """
+    flags = array.flags
+    return "F" if flags.f_contiguous and not flags.c_contiguous else "C"
+
+
 def _cuda_backend(device: str) -> Backend:
     from tinytrain.cuda import CupyBackend  # imported only when a GPU is asked for
 

@@ -256,7 +256,7 @@ class CupyBackend(Backend):
         if not self.is_array(array):
             where = getattr(array, "device", type(array).__name__)
             raise TypeError(f"to_host of {self.device!r} takes an array of that GPU, got one of {where!r}")
-        return self._cupy.asnumpy(array)
+        return self._cupy.asnumpy(array, order="A")  # "A": a column-major array stays column-major
 
     def scatter_add(self, target: Any, index: Any, values: Any) -> None:
         self.make_current()

@@ -287,17 +287,18 @@ class FakeCupy(_CurrentDeviceNamespace):
             return StrictArray(np.array(data, dtype=dtype, copy=True), self.device())
         return self._namespaces[self._current].asarray(data, dtype=dtype)
 
-    def array(self, data: Any, dtype: Any = None, copy: bool = True) -> StrictArray:
+    def array(self, data: Any, dtype: Any = None, copy: bool = True, order: str = "K") -> StrictArray:
         if isinstance(data, np.ndarray):
-            return StrictArray(np.array(data, dtype=dtype, copy=True), self.device())
-        return self._namespaces[self._current].array(data, dtype=dtype, copy=copy)
+            return StrictArray(np.array(data, dtype=dtype, copy=True, order=order), self.device())
+        return self._namespaces[self._current].array(data, dtype=dtype, copy=copy, order=order)
 
-    def asnumpy(self, array: Any) -> np.ndarray:
-        """Like ``cupy.asnumpy``: a host copy of a device array (host data passes through)."""
+    def asnumpy(self, array: Any, order: str = "C") -> np.ndarray:
+        """Like ``cupy.asnumpy``: a host copy of a device array (host data passes through);
+        ``order="A"`` keeps a column-major array column-major."""
         if isinstance(array, StrictArray):
             if not isinstance(array.device, FakeDevice) or array.device._fake is not self:
                 raise TypeError(f"asnumpy of an array of another device: {array.device!r}")
-            return array._array.copy()
+            return array._array.copy(order=order)
         return np.asarray(array)
 
 

@@ -342,7 +342,7 @@ class StrictBackend(Backend):
             else:
                 got = type(array).__name__
             raise TypeError(f"to_host of {self.device!r} takes a StrictArray of that device, got {got}")
-        return array._array.copy()
+        return array._array.copy(order="A")  # like CuPy's asnumpy(order="A"): column-major stays so
 
     def scatter_add(self, target: StrictArray, index: Any, values: Any) -> None:
         self.xp.add.at(target, index, values)

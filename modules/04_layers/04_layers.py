@@ -470,9 +470,7 @@ print("to(device) OK")
 # A linear (fully connected, dense) layer computes $y = x W^\top + b$ for every
 # row $x$ of the input. We store $W$ as an `(out_features, in_features)` matrix —
 # PyTorch's layout, and the same as `Conv2d`'s `(out_ch, in_ch, kH, kW)` — so
-# weights load from PyTorch without transposing. Does the layout cost speed?
-# Hardly: BLAS multiplies by a transposed matrix about as fast as by a plain one
-# (it only reads it in a different order); section 6 measures it.
+# weights load from PyTorch without transposing.
 #
 # Written as `x @ W.T + b`, a layer would record three operations (transpose,
 # matmul, add). We fuse them into one `Function`. For $Y = X W^\top + b$ with
@@ -502,16 +500,44 @@ print("to(device) OK")
 # $\operatorname{Var}(w) = 1/(3n)$: each layer shrinks the variance by 3 (a
 # historical default that PyTorch keeps for compatibility). The bias uses the same
 # bound. We match PyTorch, and section 6 shows what this does to a deep network.
+#
+# ### Memory order
+#
+# A shape says how to index a matrix; its *memory order* says how its numbers
+# lie in memory: row after row (C order, NumPy's default) or column after column
+# (Fortran order, "F"). `W.T` of a C-ordered `W` is an F-ordered *view*: no number
+# moves. BLAS reads either order, but not equally fast: on our test machine
+# (OpenBLAS, one thread) a product whose **right-hand** matrix is stored
+# transposed takes about 20% longer, while the left-hand one is free to be either.
+# The forward product $X W^\top$ and the input gradient $G W$ both have $W$ on the
+# right, in opposite orders, so one of the two always pays. The first layer of a
+# network needs no input gradient (nobody asks for the gradient of the data), so
+# `Linear` stores `W` **column-major**: the same `(out, in)` shape and values, in
+# the memory order of an `(in, out)` matrix. Then the first layer's forward pass
+# is a plain product and nothing pays; section 6 measures it. In NumPy that is
+# one call: `np.asfortranarray(w)`.
+#
+# One trap comes with it. An elementwise operation on two arrays of one shape but
+# different orders (`a += b`, `a` C-ordered, `b` F-ordered) walks one of them
+# across its rows, a cache miss for nearly every number: up to 40x slower. So
+# everything that meets the weight elementwise takes its order: its gradient
+# ($G^\top X$ is written straight into `xp.empty_like(weight)`, which keeps the
+# order), and the optimizer's buffers (Module 06). The autograd engine copies a
+# gradient into its leaf's order when an operation returns another one
+# (`tinytrain.backend.memory_order(array)` tells the two apart).
 
 # %% export="nn/layers"
 """The layers: ``Linear``, ``Sequential``, activations, ``Dropout``, ``Flatten``,
 ``LayerNorm`` and ``BatchNorm1d``, plus their functional forms and fused operations.
 
-``Linear`` stores its weight as ``(out_features, in_features)``, PyTorch's layout,
-and computes ``x @ weight.T + bias`` in one fused operation.
+``Linear`` stores its weight as ``(out_features, in_features)``, PyTorch's shape,
+in column-major memory order, and computes ``x @ weight.T + bias`` in one fused
+operation.
 """
 import math
 from typing import Any, Iterable, Iterator
+
+import numpy as np
 
 from tinytrain.autograd import Function
 from tinytrain.backend import get_backend
@@ -533,10 +559,13 @@ class LinearFunction(Function):
     def backward(self, grad: Any) -> tuple:
         """Gradients for ``x``, ``weight`` (and ``bias``): ``G W``, ``G^T X``, row sums of ``G``."""
         ### BEGIN SOLUTION
-        x, weight = self.x, self.weight
+        x, weight, xp = self.x, self.weight, self.xp
         grad_x = grad @ weight if self.inputs[0].requires_grad else None
         rows = grad.reshape(-1, grad.shape[-1])  # (..., out) -> (N, out)
-        grad_weight = rows.T @ x.reshape(-1, x.shape[-1]) if self.inputs[1].requires_grad else None
+        grad_weight = None
+        if self.inputs[1].requires_grad:
+            # G^T X written straight into an array of W's memory order, so the optimizer's updates stay fast
+            grad_weight = xp.matmul(rows.T, x.reshape(-1, x.shape[-1]), out=xp.empty_like(weight))
         if len(self.inputs) == 2:
             return grad_x, grad_weight
         # Row sums as the product 1^T G: BLAS does it about 3x faster than rows.sum(axis=0).
@@ -568,9 +597,11 @@ def _uniform_parameter(shape: tuple[int, ...], bound: float) -> Parameter:
 class Linear(Module):
     """Fully connected layer: ``y = x @ weight.T + bias`` for inputs of shape ``(..., in_features)``.
 
-    ``weight`` is ``(out_features, in_features)`` (PyTorch's layout) and ``bias``
+    ``weight`` is ``(out_features, in_features)`` (PyTorch's shape) and ``bias``
     ``(out_features,)``, both initialised from U(-1/sqrt(in_features), 1/sqrt(in_features))
-    like PyTorch. Raises ``ValueError`` for an input whose last axis is not ``in_features``.
+    like PyTorch. The weight is stored column-major (Fortran order), so that
+    ``x @ weight.T`` is a plain matrix product for BLAS; its gradient takes the
+    same order. Raises ``ValueError`` for an input whose last axis is not ``in_features``.
     """
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True) -> None:
@@ -581,6 +612,7 @@ class Linear(Module):
         ### BEGIN SOLUTION
         bound = 1 / math.sqrt(in_features)
         self.weight = _uniform_parameter((out_features, in_features), bound)
+        self.weight.data = np.asfortranarray(self.weight.data)  # column-major: x @ W.T is then a plain product for BLAS
         self.bias = _uniform_parameter((out_features,), bound) if bias else None
         ### END SOLUTION
 
@@ -1200,31 +1232,36 @@ for name, seconds in best_times(steps).items():
     print(f"{name:9s} forward + backward, batch {batch}: {seconds * 1e3:.2f} ms")
 
 # %% [markdown]
-# Finally, the weight layout. With `W` stored `(out, in)` the forward pass
-# computes `x @ W.T`, handing BLAS a transposed *view*, which it reads in the
-# other order without copying; the backward pass computes $\bar X = G W$ and
-# $\bar W = G^\top X$. With `(in, out)` storage the transposes sit elsewhere.
-# Time the three products of one `Linear(784, 256)` step at batch 256 both ways:
+# Finally, the memory order of the weight (section 2). Time the three products
+# of one `Linear(784, 256)` at batch 128 — forward $X W^\top$, input gradient
+# $G W$, weight gradient $G^\top X$ — with the same `(out, in)` weight stored
+# row-major and column-major, and the elementwise trap next to them:
 
 # %%
 rng = np.random.default_rng(0)
-x_host = rng.standard_normal((256, 784), dtype=np.float32)
-g_host = rng.standard_normal((256, 256), dtype=np.float32)
-w_out_in = rng.standard_normal((256, 784), dtype=np.float32)
-w_in_out = np.ascontiguousarray(w_out_in.T)
-layouts = best_times({
-    "(out, in)": lambda: (x_host @ w_out_in.T, g_host @ w_out_in, g_host.T @ x_host),
-    "(in, out)": lambda: (x_host @ w_in_out, g_host @ w_in_out.T, x_host.T @ g_host),
-})
-for name, seconds in layouts.items():
-    print(f"weight stored {name}: forward + both gradients {seconds * 1e6:.0f} µs")
+x_host = rng.standard_normal((128, 784), dtype=np.float32)
+g_host = rng.standard_normal((128, 256), dtype=np.float32)
+orders = {"row-major (C)": rng.standard_normal((256, 784), dtype=np.float32)}
+orders["column-major (F)"] = np.asfortranarray(orders["row-major (C)"])
+for name, w in orders.items():
+    times = best_times({
+        "forward X W^T": lambda: x_host @ w.T,
+        "input grad G W": lambda: g_host @ w,
+        "weight grad G^T X": lambda: np.matmul(g_host.T, x_host, out=np.empty_like(w)),
+        "update w - 0.01 dW, dW C-ordered": lambda: w - 0.01 * orders["row-major (C)"],
+    })
+    print(f"{name:17s}" + "".join(f" | {product} {seconds * 1e6:4.0f} µs" for product, seconds in times.items()))
 
 # %% [markdown]
-# The two take about the same time: within a few percent, which is about the
-# noise between runs (re-run the cell). On a quiet machine we measured the
-# forward product slightly faster with `(in, out)` and the input gradient
-# slightly faster with `(out, in)`, about 2% apart in total. The layout is a
-# question of convention, not speed, so we take PyTorch's.
+# On our 2-core test machine, column-major storage made the forward product
+# faster (444 → 375 µs) and the input gradient slower (358 → 429 µs), by about
+# the same amount; the weight gradient did not care. A hidden layer computes all
+# three, so for it the order is a wash; the first layer skips the input
+# gradient, so there column-major saves the difference: about 3% of the whole
+# MLP training step that `benchmarks/mlp_step.py` times. The last column is the
+# trap: the update that mixes orders took 3x as long as the one that does not
+# (389 vs 117 µs), and an in-place `w -= dW` 40x as long. Your numbers will
+# differ with the CPU and BLAS; re-run the cell to see how much they move.
 
 # %% [markdown]
 # ## How PyTorch does it
@@ -1239,7 +1276,9 @@ for name, seconds in layouts.items():
 # The differences: PyTorch's `parameters()` returns an iterator (ours a list);
 # its `state_dict()` returns references to the live tensors (ours copies, so a
 # saved "best" state cannot change under you); `nn.Flatten` takes `start_dim` and
-# `end_dim`; `nn.GELU` defaults to the exact erf form; and PyTorch runs hooks
+# `end_dim`; `nn.GELU` defaults to the exact erf form; PyTorch stores a `Linear`
+# weight row-major where ours is column-major (same shape and values, so state
+# dicts move between the two unchanged); and PyTorch runs hooks
 # around `forward` in `__call__`. Its normalisation layers are fused kernels in
 # C++/CUDA, as our `Normalize` is a fused operation in NumPy.
 #
@@ -1250,6 +1289,8 @@ for name, seconds in layouts.items():
 #   `to(device)` — is a walk over that tree. Shared layers count once.
 # * `Linear` stores `(out, in)` weights, computes `x @ W.T + b` in one fused
 #   operation and starts from $U(-1/\sqrt n, 1/\sqrt n)$: variance $1/(3n)$.
+#   It keeps `W` column-major, so the first layer's forward is a plain product
+#   for BLAS; the gradient and optimizer buffers follow the weight's order.
 # * Inverted dropout scales kept values by $1/(1-p)$ so that evaluation is the identity.
 # * LayerNorm normalises each sample, BatchNorm each channel over the batch, with
 #   running averages for evaluation; both share one fused normalisation whose

@@ -589,7 +589,8 @@ def _on_device(value: Any, backend: "CupyBackend") -> Any:
 #   current, then `cupy.asarray(array)` (which copies host data to the current
 #   device);
 # * `to_host(array)` copies an array of this GPU back into a NumPy array with
-#   `cupy.asnumpy` — and, like every backend, refuses with a `TypeError` an
+#   `cupy.asnumpy(array, order="A")` (`"A"` keeps a column-major array, such as a
+#   `Linear` weight, column-major; the default makes it row-major) — and, like every backend, refuses with a `TypeError` an
 #   array that is not on its device (check with `self.is_array`), so that a
 #   device mix-up fails loudly instead of silently copying from another GPU.
 #
@@ -694,7 +695,7 @@ class CupyBackend(Backend):
         if not self.is_array(array):
             where = getattr(array, "device", type(array).__name__)
             raise TypeError(f"to_host of {self.device!r} takes an array of that GPU, got one of {where!r}")
-        return self._cupy.asnumpy(array)
+        return self._cupy.asnumpy(array, order="A")  # "A": a column-major array stays column-major
         ### END SOLUTION
 
     def scatter_add(self, target: Any, index: Any, values: Any) -> None:
