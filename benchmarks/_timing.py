@@ -18,6 +18,9 @@ from typing import Any, Callable
 for _variable in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMEXPR_NUM_THREADS"):
     os.environ.setdefault(_variable, "1")
 
+# Processes running the same code further apart than this: the machine was too busy to compare.
+NOISY_SPREAD = 0.10
+
 
 def median_seconds(step: Callable[[], object], repeats: int = 30, warmup: int = 5, inner: int = 1) -> float:
     """Median wall time of ``step`` (called ``inner`` times per sample) after warm-up."""
@@ -117,9 +120,10 @@ def lockstep_medians(
     more than double a framework's per-step Python cost).
 
     Returns per name the median over its processes of each process's median
-    ``seconds`` per step, the ``first`` three results of the step (so callers
-    can check that implementations agree) and the mean minor page faults per
-    timed step (``faults_per_step``).
+    ``seconds`` per step, those medians (``process_seconds``) and how far they
+    lie apart (``spread``, max / min - 1), the ``first`` three results of the
+    step (so callers can check that implementations agree) and the mean minor
+    page faults per timed step (``faults_per_step``).
     """
     cpu = str(max(os.sched_getaffinity(0))) if hasattr(os, "sched_getaffinity") else "-"
     workers: list[tuple[str, subprocess.Popen]] = []
@@ -158,6 +162,7 @@ def lockstep_medians(
             results[name] = {
                 "seconds": statistics.median(medians[name]),
                 "process_seconds": medians[name],
+                "spread": max(medians[name]) / min(medians[name]) - 1,
                 "first": reports[name][0]["first"],
                 "faults_per_step": None if None in faults else statistics.mean(faults),
             }
@@ -167,6 +172,20 @@ def lockstep_medians(
             if worker.poll() is None:
                 worker.kill()
                 worker.wait()
+
+
+def spread_note(results: dict[str, dict[str, Any]]) -> str:
+    """How far the processes of one implementation disagreed, and a warning when too far to compare.
+
+    On a quiet machine they lie within a few percent; a busy phase of a shared
+    machine shows up as processes of the same code running 20-30% apart, and
+    ratios from such a run can be off by as much.
+    """
+    name, worst = max(((name, found["spread"]) for name, found in results.items()), key=lambda item: item[1])
+    note = f"processes of one implementation differ by up to {worst:.0%} ({name})"
+    if worst > NOISY_SPREAD:
+        note += f": more than {NOISY_SPREAD:.0%}, the machine was busy; re-run before trusting these ratios"
+    return note
 
 
 def _expect(worker: subprocess.Popen, name: str, expected: str | None = None) -> str:

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _timing import lockstep_medians, run_isolated, torch_or_none  # noqa: E402  (pins BLAS threads first)
+from _timing import lockstep_medians, run_isolated, spread_note, torch_or_none  # noqa: E402  (pins BLAS threads first)
 
 import numpy as np  # noqa: E402
 
@@ -229,6 +229,7 @@ def main() -> None:
         spread = ", ".join(f"{seconds * 1e3:.3f}" for seconds in found["process_seconds"])
         print(f"  {name:10s} {found['seconds'] * 1e3:7.3f} ms/step   {found['faults_per_step']:6.1f} page faults/step"
               f"   (processes: {spread})")
+    print(f"  {spread_note(times)}")
     ours = times["tinytrain"]["seconds"]
     print(f"  tinytrain / NumPy: {ours / times['numpy']['seconds']:.2f}x (target <= 1.1x)")
     if "torch" in times:

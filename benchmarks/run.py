@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _timing import lockstep_medians, torch_or_none  # noqa: E402  (pins BLAS threads before NumPy loads)
+from _timing import lockstep_medians, spread_note, torch_or_none  # noqa: E402  (pins BLAS threads before NumPy loads)
 
 import numpy as np  # noqa: E402
 
@@ -238,7 +238,10 @@ def markdown(report: dict[str, Any]) -> str:
             f"{_cell(row['torch'])} | {ratio(row['vs_numpy'])} | {ratio(row['vs_torch'])} | {_target_text(row)} |"
         )
     lines += ["", "Ratios compare times (memory for the memory rows): below 1x tinytrain is faster or smaller. "
-              "Checkpoints: NumPy is `np.savez`/`np.load`, PyTorch `torch.save`/`torch.load`, on a RAM disk."]
+              "Checkpoints: NumPy is `np.savez`/`np.load`, PyTorch `torch.save`/`torch.load`, on a RAM disk.", ""]
+    timed = {"MLP step": report["mlp_step"], "autograd overhead": report["autograd"]}
+    timed.update({f"CNN step {shape}": figures["steps"] for shape, figures in (report["cnn"] or {}).items()})
+    lines += [f"{figure}: {spread_note(results)}." for figure, results in timed.items()]
     return "\n".join(lines)
 
 
