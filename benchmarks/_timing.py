@@ -18,7 +18,7 @@ from typing import Any, Callable
 for _variable in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMEXPR_NUM_THREADS"):
     os.environ.setdefault(_variable, "1")
 
-# Processes running the same code further apart than this: the machine was too busy to compare.
+# Processes running the same code further apart than this make a ratio uncertain by as much.
 NOISY_SPREAD = 0.10
 
 
@@ -177,14 +177,16 @@ def lockstep_medians(
 def spread_note(results: dict[str, dict[str, Any]]) -> str:
     """How far the processes of one implementation disagreed, and a warning when too far to compare.
 
-    On a quiet machine they lie within a few percent; a busy phase of a shared
-    machine shows up as processes of the same code running 20-30% apart, and
-    ratios from such a run can be off by as much.
+    On a quiet machine they mostly lie within a few percent. A busy phase of a
+    shared machine shows up as processes of the same code running 20-30% apart
+    (and ratios from such a run can be off by as much); PyTorch's CNN step also
+    varies by 15% from process to process on its own.
     """
     name, worst = max(((name, found["spread"]) for name, found in results.items()), key=lambda item: item[1])
     note = f"processes of one implementation differ by up to {worst:.0%} ({name})"
     if worst > NOISY_SPREAD:
-        note += f": more than {NOISY_SPREAD:.0%}, the machine was busy; re-run before trusting these ratios"
+        note += (f": more than {NOISY_SPREAD:.0%}, so ratios against it are uncertain by about as much "
+                 "(a busy machine, or an implementation whose speed varies from process to process)")
     return note
 
 
