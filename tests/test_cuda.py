@@ -316,6 +316,19 @@ def test_is_array_and_to_host_tell_devices_apart(fake) -> None:
             gpu1.to_host(other)
 
 
+def test_host_and_device_copies_keep_a_column_major_array_so(fake) -> None:
+    """A ``Linear`` weight is column-major; CuPy's asnumpy makes row-major copies unless told
+    ``order="A"``, so the trip to a GPU and back would otherwise change its order."""
+    from tinytrain.backend import memory_order
+
+    weight = np.asfortranarray(np.arange(6.0).reshape(2, 3))
+    on_gpu = gpu(fake).from_host(weight)
+    assert memory_order(on_gpu) == "F" and memory_order(fake.asnumpy(on_gpu)) == "C"  # CuPy's default
+    back = gpu(fake).to_host(on_gpu)
+    assert memory_order(back) == "F" and np.array_equal(back, weight)
+    assert memory_order(gpu(fake).to_host(gpu(fake).from_host(np.ones((2, 3))))) == "C"
+
+
 def test_from_host_copies(fake) -> None:
     source = np.zeros(3)
     on_gpu = gpu(fake).from_host(source)
