@@ -501,3 +501,15 @@ def test_memory_order_names_arrays_stored_column_major_only():
     assert memory_order(a) == "C" and memory_order(a.T) == "F" and memory_order(np.asfortranarray(a)) == "F"
     assert memory_order(np.zeros(5)) == "C" and memory_order(np.zeros((1, 4)).T) == "C"  # both at once: C
     assert memory_order(a[:, ::2]) == "C"  # neither: C, the order of NumPy's copies
+
+
+@pytest.mark.parametrize("dtype", [None, "float32", "float64"])
+def test_new_tensors_are_row_major_whatever_order_the_data_has(device, dtype):
+    """``x.T`` is stored column-major; a tensor made from it is a row-major copy with the same values,
+    whether or not its dtype changes (arithmetic mixing the two orders is several times slower)."""
+    from tinytrain.backend import memory_order
+
+    column_major = np.arange(6.0).reshape(2, 3).T
+    t = tt.tensor(column_major, dtype=dtype, device=device)
+    assert memory_order(t.data) == "C" and np.array_equal(t.numpy(), column_major)
+    assert memory_order(tt.tensor(tt.tensor(column_major, device=device)).data) == "C"

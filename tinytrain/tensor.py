@@ -362,7 +362,7 @@ def to_array(data: Any, dtype: Any = None, device: Any = None) -> tuple[Any, Bac
     target = source if device is None else get_backend(device)
     if target is not source:
         array = target.from_host(source.to_host(array))
-    converted = array.astype(natural if dtype is None else np.dtype(dtype), copy=False)
+    converted = array.astype(natural if dtype is None else np.dtype(dtype), order="C", copy=False)
     if converted is data or isinstance(data, Tensor) and converted is data.data:
         converted = converted.copy()
     return converted, target

@@ -682,7 +682,10 @@ class Tensor:
 #    kinds) can become tensors.
 # 2. **Move it** if `device` names another backend: `target.from_host(source.to_host(array))`.
 # 3. **Cast it** to `dtype`, or to `default_dtype(...)` of the data's dtype when
-#    none is given (a tensor's own dtype is kept as it is).
+#    none is given (a tensor's own dtype is kept as it is), and row-major:
+#    `astype(..., order="C")`. A transposed array (`x.T`) is stored
+#    column-major, and arithmetic that mixes the two orders is several times
+#    slower (see `memory_order` above), so every new tensor starts row-major.
 #
 # The result must never share memory with the caller's array: if no step made a
 # copy, copy it — otherwise changing your NumPy array later would change the
@@ -706,7 +709,7 @@ def to_array(data: Any, dtype: Any = None, device: Any = None) -> tuple[Any, Bac
     target = source if device is None else get_backend(device)
     if target is not source:
         array = target.from_host(source.to_host(array))
-    converted = array.astype(natural if dtype is None else np.dtype(dtype), copy=False)
+    converted = array.astype(natural if dtype is None else np.dtype(dtype), order="C", copy=False)
     if converted is data or isinstance(data, Tensor) and converted is data.data:
         converted = converted.copy()
     return converted, target
