@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _timing import lockstep_medians, run_isolated, torch_or_none  # noqa: E402  (pins BLAS threads first)
+from _timing import lockstep_medians, run_isolated, spread_note, torch_or_none  # noqa: E402  (pins BLAS threads first)
 
 import numpy as np  # noqa: E402
 
@@ -270,6 +270,7 @@ def main() -> None:
         for name, found in times.items():
             print(f"  {name:10s} {found['seconds'] * 1e3:8.2f} ms/step  "
                   f"{found['faults_per_step']:7.0f} page faults/step")
+        print(f"  {spread_note(times)}")
         ours = times["tinytrain"]["seconds"]
         entry: dict[str, Any] = {"steps": times, "memory": memory,
                                  "ratio_vs_numpy": ours / times["numpy"]["seconds"]}

@@ -18,8 +18,10 @@ glibc_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="ma
 FAULTS_PER_CYCLE = """
 import resource, sys
 import numpy as np
-if sys.argv[1] == "import":
+if sys.argv[1] != "plain":
     import tinytrain
+if sys.argv[1] == "import-then-return":
+    tinytrain.allocator.return_freed_memory()
 def cycle():
     blocks = [np.ones(2**18) for _ in range(5)]
     del blocks
@@ -32,9 +34,10 @@ print((resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / 10)
 """
 
 
-def faults_per_cycle(import_tinytrain: bool, **environment: str) -> float:
+def faults_per_cycle(import_tinytrain: bool, then_return: bool = False, **environment: str) -> float:
+    mode = "import-then-return" if then_return else "import" if import_tinytrain else "plain"
     completed = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(FAULTS_PER_CYCLE), "import" if import_tinytrain else "plain"],
+        [sys.executable, "-c", textwrap.dedent(FAULTS_PER_CYCLE), mode],
         capture_output=True, text=True, check=True, env={**os.environ, **environment},
     )
     return float(completed.stdout)
@@ -52,12 +55,22 @@ def test_environment_variable_leaves_the_defaults():
 
 
 @glibc_only
+def test_return_freed_memory_puts_the_defaults_back():
+    assert faults_per_cycle(import_tinytrain=True, then_return=True) > 1000
+
+
+@glibc_only
 def test_keep_freed_memory_reports_what_it_did(monkeypatch):
-    assert allocator.keep_freed_memory() is True
-    monkeypatch.setenv(allocator.DISABLE_VARIABLE, "0")
-    assert allocator.keep_freed_memory() is False
+    assert allocator.keep_freed_memory() is True and allocator.in_effect()
+    try:
+        assert allocator.return_freed_memory() is True and not allocator.in_effect()
+        monkeypatch.setenv(allocator.DISABLE_VARIABLE, "0")
+        assert allocator.keep_freed_memory() is False and not allocator.in_effect()
+    finally:
+        monkeypatch.delenv(allocator.DISABLE_VARIABLE)
+        assert allocator.keep_freed_memory() is True and allocator.in_effect()
 
 
 def test_other_platforms_are_left_alone(monkeypatch):
     monkeypatch.setattr(sys, "platform", "darwin")
-    assert allocator.keep_freed_memory() is False
+    assert allocator.keep_freed_memory() is False and allocator.return_freed_memory() is False

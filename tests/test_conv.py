@@ -10,6 +10,9 @@ is installed. Every test that creates tensors runs on every device.
 from __future__ import annotations
 
 import math
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -415,6 +418,16 @@ def test_buffer_cache_limits_and_other_devices() -> None:
     assert off.nbytes == 0
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the allocator settings are glibc's")
+@pytest.mark.parametrize("keep_freed_memory, cache_bytes", [("1", 0), ("0", 128 << 20)])
+def test_the_buffer_cache_is_on_only_where_the_heap_does_not_keep_freed_memory(keep_freed_memory, cache_bytes):
+    """With freed memory kept in the C heap the cache only slows a step down (lesson 09, section 8)."""
+    completed = subprocess.run([sys.executable, "-c", "from tinytrain.nn import conv; print(conv.buffers.max_bytes)"],
+                               capture_output=True, text=True, check=True,
+                               env={**os.environ, "TINYTRAIN_KEEP_FREED_MEMORY": keep_freed_memory})
+    assert int(completed.stdout) == cache_bytes
+
+
 def test_cached_training_equals_uncached() -> None:
     """Two runs of a few steps, with the module's cache and with it turned off: identical weights."""
     def train() -> list[np.ndarray]:
@@ -431,13 +444,16 @@ def test_cached_training_equals_uncached() -> None:
         return [p.numpy() for p in model.parameters()]
 
     limit = conv.buffers.max_bytes
-    cached = train()
     try:
+        conv.buffers.max_bytes = 128 << 20
+        cached = train()
+        assert conv.buffers.nbytes > 0, "the cached run must have used the cache"
         conv.buffers.max_bytes = 0
         conv.buffers.clear()
         uncached = train()
     finally:
         conv.buffers.max_bytes = limit
+        conv.buffers.clear()
     for a, b in zip(cached, uncached):
         np.testing.assert_array_equal(a, b)
 

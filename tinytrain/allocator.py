@@ -13,7 +13,9 @@ caching allocators do.
 
 It is applied when ``tinytrain`` is imported; set ``TINYTRAIN_KEEP_FREED_MEMORY=0``
 to leave the C library's defaults alone. Other C libraries (macOS, musl) are left
-as they are.
+as they are. ``in_effect()`` says whether the settings hold; where they do not,
+the convolutions keep their large buffers themselves (``tinytrain.nn.conv.buffers``).
+``return_freed_memory()`` puts glibc's default thresholds back, for comparisons.
 """
 import ctypes
 import os
@@ -23,16 +25,47 @@ M_TRIM_THRESHOLD = -1  # from glibc's <malloc.h>
 M_MMAP_THRESHOLD = -3
 MMAP_THRESHOLD = 32 * 2**20  # glibc's own ceiling for its adaptive threshold
 TRIM_THRESHOLD = 2**30
+DEFAULT_THRESHOLD = 128 * 2**10  # glibc's starting value of both
 DISABLE_VARIABLE = "TINYTRAIN_KEEP_FREED_MEMORY"
+
+_in_effect = False
+
+
+def in_effect() -> bool:
+    """Whether this process keeps freed memory (``keep_freed_memory`` succeeded and was not undone)."""
+    return _in_effect
 
 
 def keep_freed_memory() -> bool:
     """Raise glibc's mmap and trim thresholds (see the module docstring); whether it did."""
-    if os.environ.get(DISABLE_VARIABLE, "1") == "0" or not sys.platform.startswith("linux"):
+    global _in_effect
+    if os.environ.get(DISABLE_VARIABLE, "1") == "0" or not _set_thresholds(MMAP_THRESHOLD, TRIM_THRESHOLD):
+        return False
+    _in_effect = True
+    return True
+
+
+def return_freed_memory() -> bool:
+    """Put glibc's default thresholds (128 KiB) back; whether it did.
+
+    glibc starts from these values and raises the mmap threshold as large blocks
+    come and go; after this call it no longer does, so the defaults are the
+    pessimistic end of what an untouched process sees.
+    """
+    global _in_effect
+    if not _set_thresholds(DEFAULT_THRESHOLD, DEFAULT_THRESHOLD):
+        return False
+    _in_effect = False
+    return True
+
+
+def _set_thresholds(mmap_threshold: int, trim_threshold: int) -> bool:
+    """``mallopt`` both thresholds on glibc; False elsewhere (macOS, musl) or when it refuses."""
+    if not sys.platform.startswith("linux"):
         return False
     try:
         mallopt = ctypes.CDLL(None).mallopt
     except (OSError, AttributeError):  # a C library without mallopt
         return False
     mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
-    return bool(mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)) and bool(mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD))
+    return bool(mallopt(M_MMAP_THRESHOLD, mmap_threshold)) and bool(mallopt(M_TRIM_THRESHOLD, trim_threshold))

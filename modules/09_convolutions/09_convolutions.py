@@ -212,6 +212,7 @@ from typing import Any
 
 import numpy as np
 
+from tinytrain import allocator
 from tinytrain.autograd import Function
 from tinytrain.nn.layers import _BatchNorm, _uniform_parameter
 from tinytrain.nn.module import Module
@@ -357,6 +358,11 @@ print("col2im OK")
 # out twice. The convolution and pooling operations below take their columns,
 # results and gradients from it; in the next training step the same arrays come
 # back. This class is given.
+#
+# There is a second remedy: tell the C library to keep freed memory.
+# `import tinytrain` does that where it can (glibc, on Linux:
+# `tinytrain/allocator.py`), and there the cache is switched off
+# (`max_bytes = 0`) — section 8 measures why.
 
 # %% export="nn/conv"
 class BufferCache:
@@ -424,7 +430,10 @@ class BufferCache:
         return sum(array.nbytes for array in self._arrays)
 
 
-buffers = BufferCache()
+# Where the C heap keeps freed memory (tinytrain/allocator.py: glibc, set at import), a fresh
+# array reuses memory the last step freed and the step runs faster than with the cache's own
+# arrays (section 8 measures it); the cache serves where the heap cannot be told to keep it.
+buffers = BufferCache(max_bytes=0 if allocator.in_effect() else 128 << 20)
 
 
 # %% [markdown]
@@ -1002,7 +1011,10 @@ print(f"max pool 2x2 of (128, 8, 28, 28): .max(axis=(3, 5)) {reduction * 1e3:.2f
 # cross-entropy, SGD with momentum. Besides the time we count *minor page
 # faults* — each one is the operating system handing the process a fresh 4 KiB
 # page, usually because freed memory went back to the system and is needed
-# again — once with the buffer cache of section 3 and once with it turned off.
+# again — under four settings: the C library's defaults, without and with the
+# buffer cache of section 3, and the C library told to keep freed memory
+# (`tinytrain.allocator`, what `import tinytrain` does on Linux), without and
+# with the cache.
 
 # %%
 try:
@@ -1030,39 +1042,61 @@ def faults() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt if resource else 0
 
 
+from tinytrain import allocator
+
 step = mnist_step_fn()
-limit = buffers.max_bytes
-for label, max_bytes in [("with the buffer cache", limit), ("without it", 0)]:
+was_keeping, limit = allocator.in_effect(), buffers.max_bytes
+for label, keep, cache_bytes in [("C library defaults", False, 0), ("defaults + buffer cache", False, 128 << 20),
+                                 ("keep freed memory", True, 0), ("keep freed + buffer cache", True, 128 << 20)]:
+    allocator.keep_freed_memory() if keep else allocator.return_freed_memory()
     buffers.clear()
-    buffers.max_bytes = max_bytes
+    buffers.max_bytes = cache_bytes
     seconds = best_of(step, 10)
     before = faults()
     for _ in range(10):
         step()
-    print(f"{label:22s} {seconds * 1e3:6.1f} ms per step, {(faults() - before) / 10:6.0f} page faults per step, "
+    print(f"{label:25s} {seconds * 1e3:6.1f} ms per step, {(faults() - before) / 10:6.0f} page faults per step, "
           f"{buffers.nbytes / 2**20:5.1f} MiB cached")
+allocator.keep_freed_memory() if was_keeping else allocator.return_freed_memory()
+buffers.clear()
 buffers.max_bytes = limit
 
 # %% [markdown]
-# Without the cache, every step faults in again the pages of the columns
-# (3.6 + 7.2 MiB for the two convolutions), of the second convolution's column
-# gradient (7.2 MiB), and of the outputs and gradients of convolution and
-# pooling; the kernel zeroes every page before handing it over. With the cache
-# those arrays come back from the previous step. The faults that remain (in a
-# fresh process; a notebook's warm heap may show none) come from the arrays
-# other operations allocate — ReLU's outputs and masks, their gradients. A
-# process can also ask the C library to keep freed memory (`MALLOC_TOP_PAD_`,
-# or `MALLOC_TRIM_THRESHOLD_` with `MALLOC_MMAP_THRESHOLD_`), which removes
-# those too. The price of caching is memory: the arrays stay allocated between
-# steps (28.6 MiB here; `buffers.clear()` hands them back).
+# With the C library's defaults (made pessimistic here:
+# `return_freed_memory()` also stops glibc from raising its threshold as large
+# blocks come and go) every step faults in thousands of pages again: the columns
+# (3.6 + 7.2 MiB for the two convolutions), the second convolution's column
+# gradient (7.2 MiB), the outputs and gradients of convolution and pooling; the
+# kernel zeroes every page before handing it over. On our machine:
+#
+# | setting | ms per step | page faults per step |
+# |---|---:|---:|
+# | C library defaults | 32.9 | 9,143 |
+# | defaults + buffer cache | 24.8 | 3,865 |
+# | keep freed memory | 16.6 | 0 |
+# | keep freed memory + buffer cache | 19.1 | 0 |
+#
+# The buffer cache removes the faults of the arrays it holds; the others (ReLU's
+# outputs, gradients, the matrix products' results) still fault. Keeping freed
+# memory in the heap removes every fault and is faster than the cache, and
+# adding the cache on top makes the step *slower*. Most likely the reason is
+# where the arrays lie: the heap hands an array freed at the end of one step back
+# at the next from memory the step just used, while the cache keeps 28.6 MiB of
+# arrays of its own, more than the CPU's caches hold. So `buffers` is switched
+# off wherever `tinytrain.allocator.in_effect()` (on Linux, unless
+# `TINYTRAIN_KEEP_FREED_MEMORY=0`) and serves where the C library cannot be told
+# (macOS, for one). The price of either remedy is memory: the process keeps
+# about its peak until it exits, as PyTorch's caching allocators do.
 #
 # `benchmarks/cnn_step.py` times this step and a CIFAR-shaped one against
 # hand-written NumPy and PyTorch, each in a process of its own with one thread.
-# On our 2-core machine the MNIST-shaped step took 1.2–1.3× PyTorch's time and
-# the CIFAR-shaped one 1.4–1.5×; both were about 10% *faster* than the
-# hand-written NumPy step, which allocates its arrays afresh every step, as
-# ordinary NumPy code does (with the allocator told to keep freed memory, the
-# NumPy step is the faster one, by 3–15%).
+# On our 2-core machine the MNIST-shaped step took 1.0× PyTorch's time and the
+# CIFAR-shaped one 1.3×. Both were faster than the hand-written NumPy step
+# (0.7× and 0.9×), which runs with the C library's defaults, as ordinary NumPy
+# code does, and pays the page faults above. With every process told to keep
+# freed memory (`MALLOC_MMAP_THRESHOLD_=33554432
+# MALLOC_TRIM_THRESHOLD_=1073741824` in the environment), the NumPy step is the
+# faster one, by 6–10%, and PyTorch gains too (1.1× and 1.5×).
 #
 # ## How PyTorch does it
 #
@@ -1116,4 +1150,5 @@ buffers.max_bytes = limit
 #   maximum of each window, like PyTorch.
 # * Loops → im2col is a factor of thousands; the last factor of two is in
 #   details: NumPy's slow reductions over short axes, and page faults from
-#   large temporaries, which a small buffer cache removes.
+#   large temporaries, which keeping freed memory in the C heap removes (a
+#   buffer cache does it where the heap cannot be told).
