@@ -183,7 +183,7 @@ def spread_note(results: dict[str, dict[str, Any]]) -> str:
     varies by 15% from process to process on its own.
     """
     name, worst = max(((name, found["spread"]) for name, found in results.items()), key=lambda item: item[1])
-    note = f"processes of one implementation differ by up to {worst:.0%} ({name})"
+    note = f"processes of one implementation differ by up to {worst:.1%} ({name})"
     if worst > NOISY_SPREAD:
         note += (f": more than {NOISY_SPREAD:.0%}, so ratios against it are uncertain by about as much "
                  "(a busy machine, or an implementation whose speed varies from process to process)")

@@ -27,6 +27,6 @@ def test_a_failing_worker_reports_its_traceback():
 def test_spread_note_names_the_widest_spread_and_warns_past_the_limit():
     quiet = {"numpy": {"spread": 0.03}, "torch": {"spread": 0.05}}
     busy = {"numpy": {"spread": 0.03}, "tinytrain": {"spread": 0.29}}
-    assert _timing.spread_note(quiet) == "processes of one implementation differ by up to 5% (torch)"
-    assert _timing.spread_note(busy).startswith("processes of one implementation differ by up to 29% (tinytrain): ")
+    assert _timing.spread_note(quiet) == "processes of one implementation differ by up to 5.0% (torch)"
+    assert _timing.spread_note(busy).startswith("processes of one implementation differ by up to 29.0% (tinytrain): ")
     assert "uncertain" in _timing.spread_note(busy) and "uncertain" not in _timing.spread_note(quiet)
