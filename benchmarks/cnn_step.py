@@ -12,7 +12,7 @@ All three implementations start from the same weights and batch and do the same
 arithmetic in float32 (checked: their first three losses agree). One BLAS
 thread; each implementation runs in processes of its own, timed in turns (see
 ``_timing.lockstep_medians``). tinytrain's processes run with the allocator
-settings that importing tinytrain makes (``tinytrain/allocator.py``: freed
+settings that importing tinytrain makes (``tinytrain/runtime/allocator.py``: freed
 memory stays in the heap), the others with the C library's defaults. Peak memory is what ``tracemalloc`` sees (NumPy reports its
 arrays to it; PyTorch's allocator does not, so PyTorch has no figure).
 

@@ -31,7 +31,7 @@ from pathlib import Path
 import nbclient
 
 import tinytrain
-from tinytrain import build
+from tinytrain.course import build
 
 repo = Path(sys.argv[1])
 assert Path(tinytrain.__file__).resolve().parent == repo / "tinytrain", tinytrain.__file__

@@ -5,11 +5,11 @@
     python milestones/cnn.py --dataset cifar10    # downloads CIFAR-10 once; hours on a CPU
     python milestones/cnn.py --help               # every option
 
-Same as ``tinytrain milestone cnn``; see ``tinytrain/milestones.py`` (``build_cnn``).
+Same as ``tinytrain milestone cnn``; see ``tinytrain/course/milestones.py`` (``build_cnn``).
 """
 import sys
 
-from tinytrain.cli import main
+from tinytrain.course.cli import main
 
 if __name__ == "__main__":
     sys.exit(main(["milestone", "cnn", *sys.argv[1:]]))

@@ -4,11 +4,11 @@
     python milestones/mlp.py --dataset mnist      # downloads MNIST once
     python milestones/mlp.py --help               # every option
 
-Same as ``tinytrain milestone mlp``; see ``tinytrain/milestones.py``.
+Same as ``tinytrain milestone mlp``; see ``tinytrain/course/milestones.py``.
 """
 import sys
 
-from tinytrain.cli import main
+from tinytrain.course.cli import main
 
 if __name__ == "__main__":
     sys.exit(main(["milestone", "mlp", *sys.argv[1:]]))

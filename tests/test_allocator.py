@@ -8,7 +8,7 @@ import textwrap
 
 import pytest
 
-from tinytrain import allocator
+from tinytrain.runtime import allocator
 
 glibc_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="mallopt thresholds are glibc's")
 
@@ -21,7 +21,7 @@ import numpy as np
 if sys.argv[1] != "plain":
     import tinytrain
 if sys.argv[1] == "import-then-return":
-    tinytrain.allocator.return_freed_memory()
+    tinytrain.runtime.allocator.return_freed_memory()
 def cycle():
     blocks = [np.ones(2**18) for _ in range(5)]
     del blocks

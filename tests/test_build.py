@@ -13,8 +13,8 @@ from types import ModuleType
 import nbformat
 import pytest
 
-from tinytrain import build
-from tinytrain.cli import main
+from tinytrain.course import build
+from tinytrain.course.cli import main
 
 REPO = Path(__file__).parents[1]
 
@@ -411,7 +411,7 @@ def test_python_dash_m_tinytrain(built: Path) -> None:
 def test_cli_without_jupytext_says_what_to_install(project: Path) -> None:
     code = (
         "import sys; sys.modules['jupytext'] = None\n"
-        "from tinytrain.cli import main\n"
+        "from tinytrain.course.cli import main\n"
         f"sys.exit(main(['build', '--root', {str(project)!r}]))\n"
     )
     result = subprocess.run(

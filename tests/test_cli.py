@@ -15,8 +15,8 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from tinytrain import build, grading
-from tinytrain.cli import main
+from tinytrain.course import build, grading, inventory
+from tinytrain.course.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
 SOURCE_03 = ROOT / "modules/03_activations/03_activations.py"
@@ -90,7 +90,7 @@ def test_grade_reports_a_syntax_error_with_cell_and_line(tmp_path: Path, capsys)
     ],
 )
 def test_clear_errors(argv: list[str], message: str, capsys) -> None:
-    from tinytrain import milestones
+    from tinytrain.course import milestones
 
     if argv[:2] == ["milestone", "cnn"] and "cnn" in milestones.MILESTONES:
         pytest.skip("the CNN milestone exists now")
@@ -100,13 +100,13 @@ def test_clear_errors(argv: list[str], message: str, capsys) -> None:
 
 def test_grade_without_a_project(tmp_path: Path, monkeypatch, capsys) -> None:
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(grading, "PACKAGE_DIR", tmp_path / "tinytrain")  # not an editable checkout
+    monkeypatch.setattr(inventory, "PACKAGE_DIR", tmp_path / "tinytrain")  # not an editable checkout
     assert main(["grade", "03"]) == 2
     assert "needs the tinytrain project" in capsys.readouterr().err
 
 
 def test_milestone_delegates(monkeypatch, capsys) -> None:
-    from tinytrain import milestones
+    from tinytrain.course import milestones
 
     calls = []
     monkeypatch.setattr(milestones, "main", lambda name, argv: calls.append((name, argv)) or 0)
@@ -117,8 +117,8 @@ def test_milestone_delegates(monkeypatch, capsys) -> None:
 def test_status_reports_installed_code_and_checks(capsys) -> None:
     assert main(["status", "--root", str(ROOT), "--json"]) == 0
     rows = {row["module"]: row for row in json.loads(capsys.readouterr().out)}
-    assert set(grading.graded_test_files(ROOT)) <= set(rows)
-    for module in grading.graded_test_files(ROOT):
+    assert set(inventory.graded_test_files(ROOT)) <= set(rows)
+    for module in inventory.graded_test_files(ROOT):
         assert rows[module]["code"] == "reference" and rows[module]["checks"].endswith("all pass"), rows[module]
 
 
@@ -146,7 +146,7 @@ def copy(tmp_path: Path):
     """Run ``python -m tinytrain ...`` against a copy of the package; returns (run, package folder)."""
     site = tmp_path / "site"
     shutil.copytree(ROOT / "tinytrain", site / "tinytrain",
-                    ignore=shutil.ignore_patterns("__pycache__", grading.BACKUP_DIR))
+                    ignore=shutil.ignore_patterns("__pycache__", inventory.BACKUP_DIR))
     work = tmp_path / "work"
     work.mkdir()
     env = dict(os.environ, PYTHONPATH=str(site))
@@ -171,7 +171,7 @@ def test_export_then_reset(copy, tmp_path: Path) -> None:
     exported = (package / "nn/activations.py").read_text()
     assert exported.startswith("# Exported by `tinytrain export` from ") and "(module 03_activations)" in exported
     assert exported.split("\n", 1)[1] == original.split("\n", 1)[1]
-    assert (package / grading.BACKUP_DIR / "03_activations/reference/nn.activations.py.orig").read_text() == original
+    assert (package / inventory.BACKUP_DIR / "03_activations/reference/nn.activations.py.orig").read_text() == original
 
     status = run("status", "--json")
     rows = {row["module"]: row for row in json.loads(status.stdout)}
@@ -216,7 +216,7 @@ def test_a_broken_export_does_not_break_the_command(copy) -> None:
     """Student code that fails to import: status, doctor and reset still work, and say what to do."""
     run, package = copy
     original = (package / "nn/activations.py").read_text()
-    header = grading.EXPORT_HEADER.format(notebook="notebooks/03_activations.ipynb", module="03_activations", number="03")
+    header = inventory.EXPORT_HEADER.format(notebook="notebooks/03_activations.ipynb", module="03_activations", number="03")
     (package / "nn/activations.py").write_text(f"{header}\n\nraise RuntimeError('my bug')\n")
 
     use = run(code="import tinytrain as tt; tt.nn")

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import tinytrain as tt
-from tinytrain.milestones import MILESTONES, build_cnn
+from tinytrain.course.milestones import MILESTONES, build_cnn
 
 ROOT = Path(__file__).resolve().parents[1]
 CNN = ROOT / "milestones" / "cnn.py"

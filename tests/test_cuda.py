@@ -5,7 +5,7 @@ Three kinds of tests:
 * **No CuPy.** ``import cupy`` is made to fail (``sys.modules["cupy"] = None``),
   and the errors must say how to install the right wheel; checkpoints from a GPU
   machine must still load.
-* **A FAKE CuPy.** :class:`tinytrain.fake_cupy.FakeCupy` is *not* CuPy and not a
+* **A FAKE CuPy.** :class:`tinytrain.testing.fake_cupy.FakeCupy` is *not* CuPy and not a
   GPU: it is a stand-in built on the strict device that behaves the way CuPy
   documents (arrays on a *current* device, ``cupy.asarray`` copying host data,
   ``cupyx.scatter_add``'s dtype rules, cuRAND generators bound to a device). It
@@ -37,8 +37,8 @@ from tinytrain import backend as registry
 from tinytrain import cuda
 from tinytrain.serialization import capture_rng_state, read_checkpoint, restore_rng_state, to_plain, write_checkpoint
 from tinytrain.cuda import GENERATOR, CupyBackend, DrawCounter, _OnDevice, draw_seed, gpu_report, scatter_add
-from tinytrain.fake_cupy import FakeCupy, forget_fake_gpu, register_fake_gpu
-from tinytrain.strict import StrictArray
+from tinytrain.testing.fake_cupy import FakeCupy, forget_fake_gpu, register_fake_gpu
+from tinytrain.testing.strict import StrictArray
 
 
 def _gpu() -> bool:

@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 
 import tinytrain as tt
-from tinytrain import datasets
+from tinytrain.datasets import images
 from tinytrain.data import DataLoader
 from tinytrain.datasets import (
     CIFAR10,
@@ -153,7 +153,7 @@ def test_digits_label_balance():
 
 
 def test_digits_split_is_deterministic_stratified_and_disjoint():
-    pixels, labels = datasets._digits_arrays()
+    pixels, labels = images._digits_arrays()
     train, test = digits_split(labels)
     again_train, again_test = digits_split(labels)
     np.testing.assert_array_equal(train, again_train)
@@ -171,10 +171,10 @@ def test_digits_split_is_deterministic_stratified_and_disjoint():
 def test_digits_file_checksum_is_verified(monkeypatch):
     from importlib.resources import files
 
-    shipped = (files("tinytrain") / "_data" / "digits.npz").read_bytes()
-    assert sha256(shipped) == datasets.DIGITS_SHA256
+    shipped = (files("tinytrain.datasets") / "files" / "digits.npz").read_bytes()
+    assert sha256(shipped) == images.DIGITS_SHA256
     assert len(shipped) < 100_000
-    monkeypatch.setattr(datasets, "DIGITS_SHA256", "0" * 64)
+    monkeypatch.setattr(images, "DIGITS_SHA256", "0" * 64)
     with pytest.raises(ChecksumError) as error:
         Digits()
     assert "0" * 64 in str(error.value) and sha256(shipped) in str(error.value)

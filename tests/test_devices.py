@@ -8,7 +8,7 @@ with ``device=device``, models are built as usual and moved with
 * ``strict``: the stand-in device whose arrays, like CuPy's, refuse implicit
   conversion to NumPy and refuse mixing devices (a host/device leak fails here);
 * ``fakecuda:1``: the package's CUDA backend, :class:`tinytrain.cuda.CupyBackend`,
-  driving a FAKE CuPy with two fake GPUs (:mod:`tinytrain.fake_cupy`; not a GPU),
+  driving a FAKE CuPy with two fake GPUs (:mod:`tinytrain.testing.fake_cupy`; not a GPU),
   on its *second* GPU, so the CUDA backend's own code -- the current device,
   host copies, scatter-add routing, the random stream -- runs under the whole
   library;
@@ -39,7 +39,7 @@ import tinytrain.nn.functional as F
 from tinytrain import autograd, nn, optim
 from tinytrain.serialization import read_checkpoint
 from tinytrain.data import DataLoader, TensorDataset
-from tinytrain.fake_cupy import forget_fake_gpu, register_fake_gpu
+from tinytrain.testing.fake_cupy import forget_fake_gpu, register_fake_gpu
 
 REPO = Path(__file__).resolve().parents[1]
 

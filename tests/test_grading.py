@@ -1,4 +1,4 @@
-"""The grader (``tinytrain.grading``): it grades the student's own code.
+"""The grader (``tinytrain.course.grading``): it grades the student's own code.
 
 For every module with graded checks (``tests/graded/test_NN_*.py``): grading the
 unfilled student notebook earns zero points, and grading a notebook whose solution
@@ -15,7 +15,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from tinytrain import build, grading
+from tinytrain.course import build, checks, export, grading, imports, inventory, notebooks, overlay
 
 ROOT = Path(__file__).resolve().parents[1]
 GRADED = sorted((ROOT / "tests" / "graded").glob("test_[0-9][0-9]_*.py"))
@@ -67,7 +67,7 @@ def test_reference_notebook_earns_full_marks(graded_module, tmp_path: Path) -> N
 
 def test_committed_student_notebook_earns_zero(graded_module, capsys) -> None:
     """`tinytrain grade NN --json` on the notebook students get reports earned and possible."""
-    from tinytrain.cli import main
+    from tinytrain.course.cli import main
 
     module, _ = graded_module
     status = main(["grade", module[:2], "--json", "--root", str(ROOT)])
@@ -112,7 +112,7 @@ def test_overlay_lays_fresh_modules_over_the_package_and_restores_it(reference_0
 
     package_layers, package_module = sys.modules["tinytrain.nn.layers"], sys.modules["tinytrain.nn.module"]
     package_linear = tinytrain.nn.Linear
-    with grading.overlay(reference_04) as student:
+    with overlay.overlay(reference_04) as student:
         assert sys.modules["tinytrain.nn.layers"] is student._tt_modules["nn/layers"] is not package_layers
         assert sys.modules["tinytrain.nn.module"] is student._tt_modules["nn/module"]
         assert tinytrain.nn.layers is student._tt_modules["nn/layers"]
@@ -129,7 +129,7 @@ def test_overlay_lays_fresh_modules_over_the_package_and_restores_it(reference_0
 def test_overlay_restores_after_an_error(reference_04: Path) -> None:
     before = dict(sys.modules)
     with pytest.raises(KeyError):
-        with grading.overlay(reference_04):
+        with overlay.overlay(reference_04):
             raise KeyError("inside")
     assert {name: module for name, module in sys.modules.items() if name.startswith("tinytrain")} == {
         name: module for name, module in before.items() if name.startswith("tinytrain")
@@ -139,7 +139,7 @@ def test_overlay_restores_after_an_error(reference_04: Path) -> None:
 def test_installed_code_is_the_package() -> None:
     import tinytrain.nn.layers
 
-    student = grading.installed_code("04_layers")
+    student = overlay.installed_code("04_layers")
     assert student.Linear is tinytrain.nn.layers.Linear and student._tt_origin == "installed"
     with pytest.raises(AttributeError, match="04_layers's export cells define no 'Nothing'"):
         student.Nothing
@@ -162,8 +162,8 @@ def test_syntax_error_names_cell_and_line(tmp_path: Path) -> None:
     cells = json.loads(notebook.read_text())["cells"]
     number = next(i for i, cell in enumerate(cells, 1) if "def relu(x: Tensor) -> Tensor\n" in "".join(cell["source"]))
     line = "".join(cells[number - 1]["source"]).splitlines().index("def relu(x: Tensor) -> Tensor") + 1
-    with pytest.raises(grading.NotebookError) as error:
-        with grading.overlay(notebook):
+    with pytest.raises(notebooks.NotebookError) as error:
+        with overlay.overlay(notebook):
             pass
     message = str(error.value)
     assert f"cell {number} (id 03_activations-" in message and f"line {line}:" in message and "SyntaxError" in message
@@ -173,8 +173,8 @@ def test_syntax_error_names_cell_and_line(tmp_path: Path) -> None:
 
 def test_ipython_magic_in_an_export_cell_is_explained(tmp_path: Path) -> None:
     notebook = _broken(tmp_path, "import math", "%timeit 1 + 1")
-    with pytest.raises(grading.NotebookError, match="IPython magics"):
-        with grading.overlay(notebook):
+    with pytest.raises(notebooks.NotebookError, match="IPython magics"):
+        with overlay.overlay(notebook):
             pass
 
 
@@ -183,39 +183,39 @@ def test_runtime_error_names_cell_and_line(tmp_path: Path) -> None:
     cells = json.loads(notebook.read_text())["cells"]
     number, cell = next((i, cell) for i, cell in enumerate(cells, 1) if "boom" in "".join(cell["source"]))
     line = "".join(cell["source"]).splitlines().index("raise RuntimeError('boom')") + 1
-    with pytest.raises(grading.NotebookError, match=rf"cell {number} \(id {cell['id']}\), line {line}: .*RuntimeError: boom"):
-        with grading.overlay(notebook):
+    with pytest.raises(notebooks.NotebookError, match=rf"cell {number} \(id {cell['id']}\), line {line}: .*RuntimeError: boom"):
+        with overlay.overlay(notebook):
             pass
 
 
 def test_missing_and_malformed_notebooks(tmp_path: Path) -> None:
-    with pytest.raises(grading.NotebookError, match="does not exist"):
-        grading.read_export_cells(tmp_path / "nope.ipynb")
+    with pytest.raises(notebooks.NotebookError, match="does not exist"):
+        notebooks.read_export_cells(tmp_path / "nope.ipynb")
     (tmp_path / "bad.ipynb").write_text("{not json")
-    with pytest.raises(grading.NotebookError, match="not a Jupyter notebook"):
-        grading.read_export_cells(tmp_path / "bad.ipynb")
+    with pytest.raises(notebooks.NotebookError, match="not a Jupyter notebook"):
+        notebooks.read_export_cells(tmp_path / "bad.ipynb")
 
 
 def test_notebook_of_another_module_is_refused(reference_04: Path) -> None:
-    with pytest.raises(grading.NotebookError, match="notebook of module 04_layers, not 03_activations"):
-        with grading.overlay(reference_04, "03_activations"):
+    with pytest.raises(notebooks.NotebookError, match="notebook of module 04_layers, not 03_activations"):
+        with overlay.overlay(reference_04, "03_activations"):
             pass
 
 
 def test_resolve_module() -> None:
-    assert grading.resolve_module("4", ROOT) == grading.resolve_module("04", ROOT) == "04_layers"
-    assert grading.resolve_module("layers", ROOT) == grading.resolve_module("04_layers", ROOT) == "04_layers"
-    with pytest.raises(grading.UnknownModule, match="unknown module '99'; the modules are: 01_tensor"):
-        grading.resolve_module("99", ROOT)
+    assert inventory.resolve_module("4", ROOT) == inventory.resolve_module("04", ROOT) == "04_layers"
+    assert inventory.resolve_module("layers", ROOT) == inventory.resolve_module("04_layers", ROOT) == "04_layers"
+    with pytest.raises(inventory.UnknownModule, match="unknown module '99'; the modules are: 01_tensor"):
+        inventory.resolve_module("99", ROOT)
 
 
 def test_check_decorator_validates() -> None:
     with pytest.raises(ValueError):
-        grading.check(points=0, hint="x")
+        checks.check(points=0, hint="x")
     with pytest.raises(ValueError):
-        grading.check(points=1, hint=" ")
+        checks.check(points=1, hint=" ")
 
-    @grading.check(points=3, hint="a hint")
+    @checks.check(points=3, hint="a hint")
     def test_something(student):
         pass
 
@@ -227,7 +227,7 @@ def test_graded_folder_refuses_ungraded_tests(tmp_path: Path) -> None:
     folder.mkdir(parents=True)
     (folder / "conftest.py").write_text((ROOT / "tests/graded/conftest.py").read_text())
     (folder / "test_03_ungraded_examples.py").write_text(
-        "from tinytrain.grading import check\n\n"
+        "from tinytrain.course.checks import check\n\n"
         "def test_plain(student):\n    pass\n\n"
         "@check(points=1, hint='h')\ndef test_no_student():\n    pass\n"
     )
@@ -242,7 +242,7 @@ def test_export_of_the_reference_rebuilds_the_library_files(source: Path, tmp_pa
     """The own-module imports the build turned into comments come back as the same imports."""
     module = build.load_module(source)
     notebook = _write(build.reference_notebook(source), tmp_path / f"{module.name}.ipynb")
-    texts, warnings = grading.export_texts(notebook, module.name)
+    texts, warnings = export.export_texts(notebook, module.name)
     assert not warnings
     for target, text in texts.items():
         header, body = text.split("\n", 1)
@@ -252,13 +252,13 @@ def test_export_of_the_reference_rebuilds_the_library_files(source: Path, tmp_pa
 
 def test_export_warns_about_names_from_lesson_cells(tmp_path: Path) -> None:
     notebook = _broken(tmp_path, "import math", "import math\n\n\ndef uses():\n    return helper(1)")
-    _, warnings = grading.export_texts(notebook, "03_activations")
+    _, warnings = export.export_texts(notebook, "03_activations")
     assert any("helper" in warning and "no export cell" in warning for warning in warnings)
 
 
 def test_free_names() -> None:
     code = "import math\nX = 1\ndef f(a):\n    b = a\n    return g(b) + X + math.pi + len([])\nclass C(Base):\n    y = X\n"
-    assert grading.free_names(code) == {"g", "Base"}
+    assert imports.free_names(code) == {"g", "Base"}
 
 
 def test_an_endless_loop_fails_its_check(tmp_path: Path, monkeypatch) -> None:

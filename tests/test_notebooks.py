@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-build = pytest.importorskip("tinytrain.build")
+build = pytest.importorskip("tinytrain.course.build")
 nbclient = pytest.importorskip("nbclient")
 
 ROOT = Path(__file__).resolve().parents[1]

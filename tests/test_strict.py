@@ -19,7 +19,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tinytrain.backend import NumpyBackend, backend_of_array, get_backend
-from tinytrain.strict import StrictArray, StrictBackend
+from tinytrain.testing.strict import StrictArray, StrictBackend
 
 strict = get_backend("strict")
 strict1 = get_backend("strict:1")

@@ -12,7 +12,7 @@ import importlib
 import sys
 import types
 
-from tinytrain.allocator import keep_freed_memory
+from tinytrain.runtime.allocator import keep_freed_memory
 
 __version__ = "0.1.0"
 
@@ -63,7 +63,7 @@ def _load(name: str) -> object:
 def _explained(submodule: str, error: Exception) -> Exception:
     """``error``, with a pointer to ``tinytrain reset`` when student code is installed."""
     try:
-        from tinytrain.grading import installed_modules
+        from tinytrain.course.inventory import installed_modules
     except Exception:
         return error
     exported = [info for info in installed_modules().values() if info.exported]

@@ -2,7 +2,7 @@
 
 import sys
 
-from tinytrain.cli import main
+from tinytrain.course.cli import main
 
 if __name__ == "__main__":
     sys.exit(main())

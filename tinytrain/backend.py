@@ -7,6 +7,7 @@ primitives those namespaces spell differently: host transfer, scatter-add,
 padding and random numbers. Tensors never import an array library themselves;
 they ask their backend. ``register_backend`` makes a new device kind available.
 """
+import importlib
 import random
 from typing import Any, Callable
 
@@ -110,9 +111,25 @@ _FACTORIES: dict[str, Callable[[str], Backend]] = {}
 _BACKENDS: dict[str, Backend] = {}
 
 
-def register_backend(kind: str, factory: Callable[[str], Backend]) -> None:
-    """Make devices ``kind`` / ``kind:N`` available; ``factory(device)`` builds one."""
-    _FACTORIES[kind] = factory
+def register_backend(kind: str, factory: Callable[[str], Backend] | str) -> None:
+    """Make devices ``kind`` / ``kind:N`` available; ``factory(device)`` builds one.
+
+    ``factory`` may also name a class as ``"package.module:Class"``; it is imported
+    the first time such a device is asked for. So the registry knows every device
+    by name without importing its backend: CuPy loads only when a GPU is used, and
+    backend modules (which import this one for ``Backend``) are never imported back.
+    """
+    _FACTORIES[kind] = _import_when_called(factory) if isinstance(factory, str) else factory
+
+
+def _import_when_called(path: str) -> Callable[[str], Backend]:
+    """A factory that imports the class ``"package.module:Class"`` when first called."""
+    module, _, name = path.partition(":")
+
+    def factory(device: str) -> Backend:
+        return getattr(importlib.import_module(module), name)(device)
+
+    return factory
 
 
 def parse_device(device: str) -> tuple[str, int | None]:
@@ -176,18 +193,6 @@ def memory_order(array: Any) -> str:
     return "F" if flags.f_contiguous and not flags.c_contiguous else "C"
 
 
-def _cuda_backend(device: str) -> Backend:
-    from tinytrain.cuda import CupyBackend  # imported only when a GPU is asked for
-
-    return CupyBackend(device)
-
-
-def _strict_backend(device: str) -> Backend:
-    from tinytrain.strict import StrictBackend
-
-    return StrictBackend(device)
-
-
 register_backend("cpu", NumpyBackend)
-register_backend("cuda", _cuda_backend)
-register_backend("strict", _strict_backend)
+register_backend("cuda", "tinytrain.cuda:CupyBackend")  # Module 10
+register_backend("strict", "tinytrain.testing.strict:StrictBackend")  # the test device

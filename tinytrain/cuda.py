@@ -200,7 +200,7 @@ class CupyBackend(Backend):
     """A CUDA GPU through CuPy; ``device`` is ``"cuda:N"``.
 
     ``cupy`` / ``cupyx``: the modules to use (default: import CuPy; tests pass a
-    :class:`tinytrain.fake_cupy.FakeCupy`). Raises ``RuntimeError`` when CuPy is
+    :class:`tinytrain.testing.fake_cupy.FakeCupy`). Raises ``RuntimeError`` when CuPy is
     missing or broken and when GPU ``N`` does not exist.
     """
 

@@ -212,7 +212,7 @@ from typing import Any
 
 import numpy as np
 
-from tinytrain import allocator
+from tinytrain.runtime import allocator
 from tinytrain.autograd import Function
 from tinytrain.nn.layers import _BatchNorm, _uniform_parameter
 from tinytrain.nn.module import Module
@@ -361,7 +361,7 @@ print("col2im OK")
 #
 # There is a second remedy: tell the C library to keep freed memory.
 # `import tinytrain` does that where it can (glibc, on Linux:
-# `tinytrain/allocator.py`), and there the cache is switched off
+# `tinytrain/runtime/allocator.py`), and there the cache is switched off
 # (`max_bytes = 0`) — section 8 measures why.
 
 # %% export="nn/conv"
@@ -430,7 +430,7 @@ class BufferCache:
         return sum(array.nbytes for array in self._arrays)
 
 
-# Where the C heap keeps freed memory (tinytrain/allocator.py: glibc, set at import), a fresh
+# Where the C heap keeps freed memory (tinytrain/runtime/allocator.py: glibc, set at import), a fresh
 # array reuses memory the last step freed and the step runs faster than with the cache's own
 # arrays (section 8 measures it); the cache serves where the heap cannot be told to keep it.
 buffers = BufferCache(max_bytes=0 if allocator.in_effect() else 128 << 20)
@@ -1013,7 +1013,7 @@ print(f"max pool 2x2 of (128, 8, 28, 28): .max(axis=(3, 5)) {reduction * 1e3:.2f
 # page, usually because freed memory went back to the system and is needed
 # again — under four settings: the C library's defaults, without and with the
 # buffer cache of section 3, and the C library told to keep freed memory
-# (`tinytrain.allocator`, what `import tinytrain` does on Linux), without and
+# (`tinytrain.runtime.allocator`, what `import tinytrain` does on Linux), without and
 # with the cache.
 
 # %%
@@ -1042,7 +1042,7 @@ def faults() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt if resource else 0
 
 
-from tinytrain import allocator
+from tinytrain.runtime import allocator
 
 step = mnist_step_fn()
 was_keeping, limit = allocator.in_effect(), buffers.max_bytes
@@ -1083,7 +1083,7 @@ buffers.max_bytes = limit
 # where the arrays lie: the heap hands an array freed at the end of one step back
 # at the next from memory the step just used, while the cache keeps 28.6 MiB of
 # arrays of its own, more than the CPU's caches hold. So `buffers` is switched
-# off wherever `tinytrain.allocator.in_effect()` (on Linux, unless
+# off wherever `tinytrain.runtime.allocator.in_effect()` (on Linux, unless
 # `TINYTRAIN_KEEP_FREED_MEMORY=0`) and serves where the C library cannot be told
 # (macOS, for one). The price of either remedy is memory: the process keeps
 # about its peak until it exits, as PyTorch's caching allocators do.

@@ -47,7 +47,7 @@ from tinytrain import nn
 from tinytrain.backend import get_backend
 from tinytrain.data import DataLoader, TensorDataset
 from tinytrain.datasets import Digits
-from tinytrain.fake_cupy import FakeCupy, register_fake_gpu
+from tinytrain.testing.fake_cupy import FakeCupy, register_fake_gpu
 
 
 def find_gpu():
@@ -315,7 +315,7 @@ for name in ("cpu", "strict", "strict:1", "cuda"):
 #   state cannot be read back as plain data — yet checkpoints need exactly that.
 #
 # Most of you have no NVIDIA GPU, so this notebook tests your backend on a
-# **fake CuPy**: `tinytrain.fake_cupy.FakeCupy` is *not* a GPU and not CuPy. It is
+# **fake CuPy**: `tinytrain.testing.fake_cupy.FakeCupy` is *not* a GPU and not CuPy. It is
 # a module with the parts of CuPy's API the backend uses, built on the strict
 # device: its arrays refuse conversion to NumPy and refuse mixing devices like
 # CuPy's, it has several "GPUs", and it makes arrays on the *current* one, as
@@ -636,7 +636,7 @@ class CupyBackend(Backend):
     """A CUDA GPU through CuPy; ``device`` is ``"cuda:N"``.
 
     ``cupy`` / ``cupyx``: the modules to use (default: import CuPy; tests pass a
-    :class:`tinytrain.fake_cupy.FakeCupy`). Raises ``RuntimeError`` when CuPy is
+    :class:`tinytrain.testing.fake_cupy.FakeCupy`). Raises ``RuntimeError`` when CuPy is
     missing or broken and when GPU ``N`` does not exist.
     """
 

@@ -1,15 +1,15 @@
 """The graded checks' fixture: ``student``, the code of the module a test file checks.
 
 ``tests/graded/test_NN_name.py`` checks module NN. Its tests are ``@check(points=, hint=)``
-functions (``from tinytrain.grading import check``) that take the ``student`` fixture,
-a :class:`tinytrain.grading.StudentCode`: every top-level name of module NN's export
+functions (``from tinytrain.course.checks import check``) that take the ``student`` fixture,
+a :class:`tinytrain.course.overlay.StudentCode`: every top-level name of module NN's export
 cells as an attribute (``student.relu``, ``student.Linear``).
 
 * ``pytest tests/graded``: ``student`` is the installed package's code (the reference,
   or the student's code after ``tinytrain export``).
 * ``pytest tests/graded --notebook notebooks/03_activations.ipynb`` (or the environment
   variable ``TINYTRAIN_STUDENT_NOTEBOOK``): ``student`` is that notebook's code, laid
-  over the package for the test (see :func:`tinytrain.grading.overlay`). Test files
+  over the package for the test (see :func:`tinytrain.course.overlay.overlay`). Test files
   of other modules are skipped. A folder of notebooks grades each module's own.
 ``tinytrain grade NN`` runs one module's file this way and adds up the points.
 """
@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from tinytrain import grading
+from tinytrain.course import checks, grading, inventory, notebooks, overlay
 
 HERE = Path(__file__).resolve().parent
 
@@ -41,7 +41,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", "graded(points, hint): a graded check (set by tinytrain.grading.check)")
+    config.addinivalue_line("markers", "graded(points, hint): a graded check (set by tinytrain.course.checks.check)")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -50,7 +50,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if HERE not in Path(str(item.path)).resolve().parents:
             continue
-        if grading.check_info(item) is None:
+        if checks.check_info(item) is None:
             problems.append(f"{item.nodeid}: not a graded check; decorate it with @check(points=N, hint='...')")
         elif "student" not in getattr(item, "fixturenames", ()):
             problems.append(f"{item.nodeid}: a graded check must take the `student` fixture (and call its code)")
@@ -61,21 +61,21 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.fixture
 def student(request: pytest.FixtureRequest):
     """The code of the module this test file checks (see the module docstring)."""
-    module = grading.module_of_test_file(request.path)
+    module = inventory.module_of_test_file(request.path)
     notebook = grading.notebook_option(request.config)
     if notebook is None:
         with _time_limit():
-            yield grading.installed_code(module)
+            yield overlay.installed_code(module)
         return
     path = Path(notebook)
     if path.is_dir():
-        path = grading.find_notebook(path, module)
+        path = notebooks.find_notebook(path, module)
     else:
-        cells = grading.read_export_cells(path)
-        belongs = grading.notebook_module(path, cells)
+        cells = notebooks.read_export_cells(path)
+        belongs = notebooks.notebook_module(path, cells)
         if belongs is not None and belongs != module:
             pytest.skip(f"{path.name} is module {belongs}'s notebook; these are module {module}'s checks")
-    with _time_limit(), grading.overlay(path, module) as code:
+    with _time_limit(), overlay.overlay(path, module) as code:
         yield code
 
 

@@ -7,7 +7,7 @@ backend registry and ``Tensor``.
 import numpy as np
 import pytest
 
-from tinytrain.grading import check
+from tinytrain.course.checks import check
 
 
 @check(points=2, hint='parse_device splits "kind:index" with str.partition; no index gives None, "cuda:1" gives 1')

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import tinytrain as tt
-from tinytrain.grading import check
+from tinytrain.course.checks import check
 
 RNG = np.random.default_rng(0)
 

@@ -8,7 +8,7 @@ import math
 import numpy as np
 
 import tinytrain as tt
-from tinytrain.grading import check
+from tinytrain.course.checks import check
 
 X = [-3.0, -0.5, 0.0, 0.5, 3.0]
 

@@ -7,7 +7,7 @@ the ``student`` fixture; tensors come from the package.
 import numpy as np
 
 import tinytrain as tt
-from tinytrain.grading import check
+from tinytrain.course.checks import check
 
 START = np.array([1.0, -2.0, 0.5, 3.0], dtype=np.float32)
 GRADS = np.array(

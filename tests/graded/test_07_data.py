@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import tinytrain as tt
-from tinytrain.grading import check
+from tinytrain.course.checks import check
 
 N = 10
 X = np.arange(2.0 * N).reshape(N, 2)  # float64 features: batches must be float32

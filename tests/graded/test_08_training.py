@@ -19,7 +19,7 @@ import pytest
 import tinytrain as tt
 from tinytrain import nn, optim
 from tinytrain.data import DataLoader, TensorDataset
-from tinytrain.grading import check
+from tinytrain.course.checks import check
 
 RNG = np.random.default_rng(0)
 X = RNG.standard_normal((256, 6)).astype(np.float32)

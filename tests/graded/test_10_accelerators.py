@@ -2,7 +2,7 @@
 
 ``student`` is the module's code: the installed package's, or a notebook's
 (``tinytrain grade 10``). No GPU is needed: the student's ``CupyBackend`` runs
-on :class:`tinytrain.fake_cupy.FakeCupy`, a FAKE CuPy built on the strict device
+on :class:`tinytrain.testing.fake_cupy.FakeCupy`, a FAKE CuPy built on the strict device
 (two fake GPUs; arrays made on the *current* one, as CuPy does). Backends are
 built directly, never through the registry, so nothing of the student's stays
 cached after a check.
@@ -12,8 +12,8 @@ import pickle
 import numpy as np
 import pytest
 
-from tinytrain.fake_cupy import FakeCupy
-from tinytrain.grading import check
+from tinytrain.testing.fake_cupy import FakeCupy
+from tinytrain.course.checks import check
 
 
 def backend(student, fake, index=1):

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from tinytrain import allocator
+from tinytrain.runtime import allocator
 from tinytrain.autograd import Function
 from tinytrain.nn.layers import _BatchNorm, _uniform_parameter
 from tinytrain.nn.module import Module
@@ -144,7 +144,7 @@ class BufferCache:
         return sum(array.nbytes for array in self._arrays)
 
 
-# Where the C heap keeps freed memory (tinytrain/allocator.py: glibc, set at import), a fresh
+# Where the C heap keeps freed memory (tinytrain/runtime/allocator.py: glibc, set at import), a fresh
 # array reuses memory the last step freed and the step runs faster than with the cache's own
 # arrays (section 8 measures it); the cache serves where the heap cannot be told to keep it.
 buffers = BufferCache(max_bytes=0 if allocator.in_effect() else 128 << 20)

@@ -25,7 +25,9 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import NamedTuple
+
+from tinytrain.course import export, grading, inventory, notebooks
+from tinytrain.course.doctor import doctor
 
 
 class UsageError(Exception):
@@ -55,7 +57,7 @@ def _root(args: argparse.Namespace) -> Path:
 def _build(args: argparse.Namespace) -> int:
     """``tinytrain build [--check]``: regenerate (or verify) library files and notebooks."""
     try:
-        from tinytrain import build
+        from tinytrain.course import build
     except ModuleNotFoundError as error:
         if (error.name or "").startswith("tinytrain"):
             raise
@@ -100,9 +102,7 @@ def _project_root(args: argparse.Namespace) -> Path | None:
         return find_root(Path.cwd().resolve())
     except UsageError:
         pass
-    from tinytrain.grading import PACKAGE_DIR
-
-    parent = PACKAGE_DIR.parent
+    parent = inventory.PACKAGE_DIR.parent
     return parent if (parent / "modules").is_dir() and (parent / "pyproject.toml").is_file() else None
 
 
@@ -117,23 +117,19 @@ def _needs_root(args: argparse.Namespace, what: str) -> Path:
 
 
 def _module(args: argparse.Namespace, root: Path | None) -> str:
-    from tinytrain import grading
-
     try:
-        return grading.resolve_module(args.module, root)
-    except grading.UnknownModule as error:
+        return inventory.resolve_module(args.module, root)
+    except inventory.UnknownModule as error:
         raise UsageError(str(error)) from None
 
 
 def _notebook(args: argparse.Namespace, root: Path, module: str) -> Path:
     """``--notebook``, else ``notebooks/NN_name.ipynb`` of the project; it must exist."""
-    from tinytrain import grading
-
     if args.notebook is not None:
         path = Path(args.notebook)
         try:
-            path = grading.find_notebook(path, module)
-        except grading.NotebookError as error:
+            path = notebooks.find_notebook(path, module)
+        except notebooks.NotebookError as error:
             raise UsageError(str(error)) from None
         if not path.is_file():
             raise UsageError(f"notebook {args.notebook} does not exist")
@@ -154,17 +150,15 @@ def _shown(path: Path) -> str:
 
 def _grade(args: argparse.Namespace) -> int:
     """``tinytrain grade NN``: run module NN's graded checks on the student's notebook."""
-    from tinytrain import grading
-
     root = _needs_root(args, "tinytrain grade")
     module = _module(args, root)
-    if module not in grading.graded_test_files(root):
+    if module not in inventory.graded_test_files(root):
         raise UsageError(f"module {module} has no graded checks yet (tests/graded/test_{module}.py)")
     notebook = None if args.installed else _notebook(args, root, module)
     if notebook is not None:
         try:
-            belongs = grading.notebook_module(notebook, grading.read_export_cells(notebook))
-        except grading.NotebookError as error:
+            belongs = notebooks.notebook_module(notebook, notebooks.read_export_cells(notebook))
+        except notebooks.NotebookError as error:
             raise UsageError(str(error)) from None
         if belongs is not None and belongs != module:
             raise UsageError(f"{notebook} is the notebook of module {belongs}, not {module}; "
@@ -212,14 +206,12 @@ def _require(distribution: str, what: str) -> None:
 
 def _export(args: argparse.Namespace) -> int:
     """``tinytrain export NN``: write the notebook's code for module NN into the package."""
-    from tinytrain import grading
-
     root = _needs_root(args, "tinytrain export")
     module = _module(args, root)
     notebook = _notebook(args, root, module)
     try:
-        result = grading.export(notebook, module)
-    except (grading.NotebookError, grading.UnknownModule) as error:
+        result = export.export(notebook, module)
+    except (notebooks.NotebookError, inventory.UnknownModule) as error:
         raise UsageError(f"not exported: {error}") from None
     print(f"exported module {module} from {_shown(notebook)} into the package:")
     for path in result.written:
@@ -227,7 +219,7 @@ def _export(args: argparse.Namespace) -> int:
     print(f"the replaced files are kept in {_shown(result.backups)}")
     for warning in result.warnings:
         print(f"warning: {warning}")
-    stubs = grading.stubbed_functions(notebook)
+    stubs = notebooks.stubbed_functions(notebook)
     if stubs:
         print(f"warning: still stubs (they raise NotImplementedError): {', '.join(stubs)}; later modules and the "
               "milestones that call them will fail")
@@ -237,13 +229,11 @@ def _export(args: argparse.Namespace) -> int:
 
 def _reset(args: argparse.Namespace) -> int:
     """``tinytrain reset NN``: put module NN's reference code back into the package."""
-    from tinytrain import grading
-
     root = _project_root(args)
     module = _module(args, root)
     try:
-        changed = grading.reset(module, root)
-    except (grading.NotebookError, grading.UnknownModule) as error:
+        changed = export.reset(module, root)
+    except (notebooks.NotebookError, inventory.UnknownModule) as error:
         raise UsageError(str(error)) from None
     if not changed:
         print(f"module {module}: the package already holds the reference code")
@@ -254,11 +244,9 @@ def _reset(args: argparse.Namespace) -> int:
 
 def _status(args: argparse.Namespace) -> int:
     """``tinytrain status``: per module, whose code is installed and whether its checks pass."""
-    from tinytrain import grading
-
     root = _project_root(args)
-    installed = grading.installed_modules()
-    tests = grading.graded_test_files(root) if root is not None else {}
+    installed = inventory.installed_modules()
+    tests = inventory.graded_test_files(root) if root is not None else {}
     reports = {}
     if tests and not args.no_checks:
         _require("pytest", "tinytrain status (use --no-checks to skip the graded checks)")
@@ -266,13 +254,13 @@ def _status(args: argparse.Namespace) -> int:
         for module in tests:
             reports[module] = grading.GradeReport(module, None, [])
         for result in collector.results.values():
-            module = grading.module_of_test_file(result.nodeid.split("::")[0])
+            module = inventory.module_of_test_file(result.nodeid.split("::")[0])
             reports.setdefault(module, grading.GradeReport(module, None, [])).checks.append(result)
         for error in collector.errors:
             for module, path in tests.items():
                 if path.name in error:
                     reports[module].errors.append(error)
-    names = sorted(set(installed) | set(tests) | set(grading.source_modules(root)))
+    names = sorted(set(installed) | set(tests) | set(inventory.source_modules(root)))
     rows = []
     for module in names:
         info = installed.get(module)
@@ -323,7 +311,7 @@ def _milestone(args: argparse.Namespace) -> int:
     for variable in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ.setdefault(variable, "1")
     try:
-        from tinytrain import milestones
+        from tinytrain.course import milestones
     except ModuleNotFoundError as error:
         if (error.name or "").startswith("tinytrain"):
             raise UsageError("this tinytrain has no milestones module") from None
@@ -333,18 +321,6 @@ def _milestone(args: argparse.Namespace) -> int:
         later = " (the CNN milestone arrives with Module 09, convolutions)" if args.name == "cnn" else ""
         raise UsageError(f"no milestone {args.name!r} yet{later}; available: {', '.join(available) or 'none'}")
     return int(milestones.main(args.name, args.options) or 0)
-
-
-class Finding(NamedTuple):
-    """One line of ``tinytrain doctor``: ``level`` is "ok", "info", "WARN" or "FAIL"."""
-
-    level: str
-    what: str
-    fix: str = ""
-
-    def text(self) -> str:
-        line = f"[{self.level:^4}] {self.what}"
-        return line + (f"\n       fix: {self.fix}" if self.fix else "")
 
 
 def _doctor(args: argparse.Namespace) -> int:
@@ -359,200 +335,6 @@ def _doctor(args: argparse.Namespace) -> int:
     else:
         print("tinytrain is ready" + (f" ({warned} warning(s))" if warned else ""))
     return 1 if failed else 0
-
-
-def doctor(root: Path | None) -> list[Finding]:
-    """Every check of ``tinytrain doctor``, in order."""
-    checks = (_doctor_python, _doctor_numpy, _doctor_cupy, _doctor_install, _doctor_library,
-              _doctor_tools, _doctor_kernel, _doctor_data)
-    findings: list[Finding] = []
-    for check in checks:
-        try:
-            findings += check(root)
-        except Exception as error:  # a check that breaks is itself a finding, never a crash
-            findings.append(Finding("FAIL", f"{check.__name__.removeprefix('_doctor_')}: the check itself failed: "
-                                    f"{type(error).__name__}: {error}", "report this as a tinytrain bug"))
-    return findings
-
-
-def _doctor_python(root: Path | None) -> list[Finding]:
-    version = ".".join(map(str, sys.version_info[:3]))
-    if sys.version_info < (3, 10):
-        return [Finding("FAIL", f"Python {version} is too old: tinytrain needs 3.10 or newer",
-                        "install Python 3.11 (python.org, pyenv or conda) and reinstall tinytrain with it")]
-    return [Finding("ok", f"Python {version} ({sys.executable})")]
-
-
-def _doctor_numpy(root: Path | None) -> list[Finding]:
-    try:
-        import numpy
-    except ImportError as error:
-        return [Finding("FAIL", f"NumPy does not import: {error}", f"{sys.executable} -m pip install 'numpy>=1.24'")]
-    parts = tuple(int(part) for part in numpy.__version__.split(".")[:2] if part.isdigit())
-    if parts < (1, 24):
-        return [Finding("FAIL", f"NumPy {numpy.__version__} is too old: tinytrain needs 1.24 or newer",
-                        f"{sys.executable} -m pip install -U 'numpy>=1.24'")]
-    return [Finding("ok", f"NumPy {numpy.__version__}")]
-
-
-def _doctor_cupy(root: Path | None) -> list[Finding]:
-    """The GPU findings of ``tinytrain.cuda.gpu_report`` (driver, CuPy wheel, devices)."""
-    try:
-        from tinytrain.cuda import gpu_report
-    except Exception as error:  # e.g. a broken export of Module 01 or 10
-        return [Finding("FAIL", f"tinytrain.cuda does not import: {type(error).__name__}: {error}",
-                        "tinytrain reset 10 (or 01) restores the reference")]
-    return [Finding("FAIL" if not ok else "info" if fix else "ok", line, fix or "") for ok, line, fix in gpu_report()]
-
-
-def _install_kind() -> tuple[str, str | None]:
-    """("editable" | "regular" | "not installed", version) of the tinytrain distribution."""
-    from importlib import metadata
-
-    try:
-        distribution = metadata.distribution("tinytrain")
-    except metadata.PackageNotFoundError:
-        return "not installed", None
-    direct = distribution.read_text("direct_url.json")
-    editable = bool(direct and json.loads(direct).get("dir_info", {}).get("editable"))
-    return ("editable" if editable else "regular"), distribution.version
-
-
-def _doctor_install(root: Path | None) -> list[Finding]:
-    import os
-
-    from tinytrain.grading import PACKAGE_DIR
-
-    kind, version = _install_kind()
-    findings = []
-    where = f"tinytrain package at {PACKAGE_DIR}"
-    if kind == "not installed":
-        findings.append(Finding("WARN", f"{where} is not installed (imported from the working directory)",
-                                "in the project folder: pip install -e '.[notebooks]'"))
-    else:
-        findings.append(Finding("ok", f"{where}: {kind} install, version {version}"))
-        if kind == "regular" and root is not None:
-            findings.append(Finding("WARN", f"tinytrain is installed as a copy: `tinytrain export` changes that copy, "
-                                            f"`tinytrain build` in {root} does not reach it",
-                                    f"cd {root} && pip install -e '.[notebooks]'"))
-    if not os.access(PACKAGE_DIR, os.W_OK):
-        findings.append(Finding("WARN", f"{PACKAGE_DIR} is not writable: `tinytrain export` cannot install your code",
-                                "install tinytrain where you can write, e.g. in a virtual environment: "
-                                "python -m venv .venv && .venv/bin/pip install -e '.[notebooks]'"))
-    if root is None:
-        findings.append(Finding("info", "no tinytrain project here (notebooks/, tests/graded/): `grade` and `export` "
-                                        "need one; run them in the project folder or pass --root"))
-    return findings
-
-
-def _doctor_library(root: Path | None) -> list[Finding]:
-    import importlib
-
-    import tinytrain
-    from tinytrain import grading
-
-    installed = grading.installed_modules()
-    owner = {grading.dotted(target): name for name, info in installed.items() for target in info.targets}
-    broken = []
-    for name in tinytrain.__all_modules__:
-        try:
-            importlib.import_module(name)
-        except Exception as error:
-            broken.append((name, error))
-    findings = []
-    for name, error in broken:
-        module = owner.get(name)
-        if module and installed[module].exported:
-            fix = f"tinytrain reset {module[:2]} (then fix your notebook and export it again)"
-        elif root is not None:
-            fix = f"cd {root} && tinytrain build && pip install -e ."
-        else:
-            fix = "pip install --force-reinstall tinytrain"
-        findings.append(Finding("FAIL", f"{name} does not import: {type(error).__name__}: {error}", fix))
-    exported = [info for info in installed.values() if info.exported]
-    if not broken:
-        findings.append(Finding("ok", f"the library imports ({len(installed)} modules installed)"))
-    for info in exported:
-        findings.append(Finding("info", f"module {info.name} holds your exported code (from "
-                                        f"{', '.join(sorted(set(info.exported.values())))}); "
-                                        f"`tinytrain reset {info.number}` puts the reference back"))
-    return findings
-
-
-def _doctor_tools(root: Path | None) -> list[Finding]:
-    import importlib.util
-
-    needed = {
-        "pytest": "tinytrain grade and status",
-        "jupytext": "tinytrain build",
-        "nbformat": "tinytrain build",
-        "nbclient": "running notebooks headless",
-        "matplotlib": "the lessons' plots",
-        "tqdm": "progress bars",
-        "ipywidgets": "progress bars as widgets in JupyterLab",
-    }
-    missing = [name for name in needed if importlib.util.find_spec(name) is None]
-    if not missing:
-        return [Finding("ok", "notebook and grading tools: " + ", ".join(needed))]
-    uses = "; ".join(f"{name} ({needed[name]})" for name in missing)
-    return [Finding("WARN", f"missing: {uses}", f"{sys.executable} -m pip install 'tinytrain[notebooks]' pytest")]
-
-
-def _doctor_kernel(root: Path | None) -> list[Finding]:
-    import importlib.util
-    import subprocess
-
-    from tinytrain.grading import PACKAGE_DIR
-
-    fix = f"{sys.executable} -m pip install 'tinytrain[notebooks]' && {sys.executable} -m ipykernel install --user"
-    if importlib.util.find_spec("ipykernel") is None or importlib.util.find_spec("jupyter_client") is None:
-        return [Finding("FAIL", "no Jupyter kernel: ipykernel / jupyter_client are not installed", fix)]
-    from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel
-
-    try:
-        spec = KernelSpecManager().get_kernel_spec("python3")
-    except NoSuchKernel:
-        return [Finding("FAIL", "no Jupyter kernel named python3", fix)]
-    import shutil
-
-    python = spec.argv[0] if spec.argv else "python"
-    python = sys.executable if python == "{python}" else shutil.which(python) or python
-    try:
-        result = subprocess.run([python, "-c", "import tinytrain; print(tinytrain.__file__)"],
-                                capture_output=True, text=True, timeout=60)
-    except (OSError, subprocess.TimeoutExpired) as error:
-        return [Finding("FAIL", f"the python3 kernel's interpreter {python} does not run: {error}", fix)]
-    if result.returncode != 0:
-        return [Finding("FAIL", f"the python3 Jupyter kernel ({python}) cannot import tinytrain",
-                        f"{sys.executable} -m ipykernel install --user  (a kernel for this Python, which has tinytrain)")]
-    found = Path(result.stdout.strip()).resolve().parent
-    if found != PACKAGE_DIR:
-        return [Finding("WARN", f"the python3 Jupyter kernel ({python}) imports another tinytrain ({found})",
-                        f"{sys.executable} -m ipykernel install --user  (a kernel for this Python)")]
-    return [Finding("ok", f"Jupyter kernel python3 ({python}) imports this tinytrain")]
-
-
-def _doctor_data(root: Path | None) -> list[Finding]:
-    import os
-    import tempfile
-
-    configured = os.environ.get("TINYTRAIN_DATA")
-    try:
-        from tinytrain.datasets import data_dir
-
-        folder = data_dir()
-    except Exception:  # the same rule as tinytrain.datasets.data_dir, for a broken package
-        cache = os.environ.get("XDG_CACHE_HOME")
-        folder = Path(configured).expanduser() if configured else (Path(cache) if cache else Path.home() / ".cache") / "tinytrain"
-    fix = "export TINYTRAIN_DATA=/a/folder/you/can/write (or pass root= to the dataset)"
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=folder, prefix=".doctor-"):
-            pass
-    except OSError as error:
-        return [Finding("FAIL", f"dataset cache {folder} is not writable: {error}", fix)]
-    source = "$TINYTRAIN_DATA" if configured else "default"
-    return [Finding("ok", f"dataset cache {folder} ({source}) is writable; Digits needs no download")]
 
 
 def _command(
@@ -572,26 +354,32 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``tinytrain`` command line; returns the exit status."""
     parser = argparse.ArgumentParser(prog="tinytrain", description="Build, check and grade tinytrain modules.")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    build = _command(commands, "build", _build, "generate tinytrain/ library files and notebooks/ from modules/")
-    build.add_argument("--check", action="store_true", help="change nothing; exit 1 if any generated file is stale")
-    build.add_argument("--force", action="store_true",
-                       help="replace notebooks even when they hold work (filled-in solutions or outputs)")
-    grade = _command(commands, "grade", _grade, "run module NN's graded checks on the code in your notebook")
-    grade.add_argument("module", metavar="NN", help="the module: its number (03) or name (03_activations)")
-    grade.add_argument("--notebook", metavar="PATH", help="the notebook to grade (default: notebooks/NN_name.ipynb)")
-    grade.add_argument("--installed", action="store_true", help="grade the code installed in the package instead")
-    grade.add_argument("--json", action="store_true", help='print {"module", "earned", "possible", "checks"} as JSON')
-    export = _command(commands, "export", _export, "write your notebook's code for module NN into the package")
-    export.add_argument("module", metavar="NN", help="the module: its number (03) or name (03_activations)")
-    export.add_argument("--notebook", metavar="PATH", help="the notebook to export (default: notebooks/NN_name.ipynb)")
-    reset = _command(commands, "reset", _reset, "put module NN's reference code back into the package")
-    reset.add_argument("module", metavar="NN", help="the module: its number (03) or name (03_activations)")
-    status = _command(commands, "status", _status, "per module: whose code is installed, and do its graded checks pass")
-    status.add_argument("--no-checks", action="store_true", help="only say whose code is installed")
-    status.add_argument("--json", action="store_true", help="print the table as JSON")
-    milestone = _command(commands, "milestone", _milestone, "train a real model with the library: mlp, cnn")
-    milestone.add_argument("name", metavar="NAME", help="mlp (after Module 08) or cnn (after Module 09)")
-    milestone.add_argument("options", nargs=argparse.REMAINDER, help="the milestone's options (see NAME --help)")
+    module_help = "the module: its number (03) or name (03_activations)"
+    build_parser = _command(commands, "build", _build, "generate tinytrain/ library files and notebooks/ from modules/")
+    build_parser.add_argument("--check", action="store_true", help="change nothing; exit 1 if any generated file is stale")
+    build_parser.add_argument("--force", action="store_true",
+                              help="replace notebooks even when they hold work (filled-in solutions or outputs)")
+    grade_parser = _command(commands, "grade", _grade, "run module NN's graded checks on the code in your notebook")
+    grade_parser.add_argument("module", metavar="NN", help=module_help)
+    grade_parser.add_argument("--notebook", metavar="PATH",
+                              help="the notebook to grade (default: notebooks/NN_name.ipynb)")
+    grade_parser.add_argument("--installed", action="store_true",
+                              help="grade the code installed in the package instead")
+    grade_parser.add_argument("--json", action="store_true",
+                              help='print {"module", "earned", "possible", "checks"} as JSON')
+    export_parser = _command(commands, "export", _export, "write your notebook's code for module NN into the package")
+    export_parser.add_argument("module", metavar="NN", help=module_help)
+    export_parser.add_argument("--notebook", metavar="PATH",
+                               help="the notebook to export (default: notebooks/NN_name.ipynb)")
+    reset_parser = _command(commands, "reset", _reset, "put module NN's reference code back into the package")
+    reset_parser.add_argument("module", metavar="NN", help=module_help)
+    status_parser = _command(commands, "status", _status,
+                             "per module: whose code is installed, and do its graded checks pass")
+    status_parser.add_argument("--no-checks", action="store_true", help="only say whose code is installed")
+    status_parser.add_argument("--json", action="store_true", help="print the table as JSON")
+    milestone_parser = _command(commands, "milestone", _milestone, "train a real model with the library: mlp, cnn")
+    milestone_parser.add_argument("name", metavar="NAME", help="mlp (after Module 08) or cnn (after Module 09)")
+    milestone_parser.add_argument("options", nargs=argparse.REMAINDER, help="the milestone's options (see NAME --help)")
     _command(commands, "doctor", _doctor, "check Python, NumPy, CuPy/GPU, Jupyter, the dataset cache and the install")
     args = parser.parse_args(argv)
     try:

@@ -1,13 +1,13 @@
 """A FAKE CuPy for tests and lessons: the CUDA backend's logic, without a GPU.
 
 This is **not CuPy and not a GPU**. It is a stand-in module built on tinytrain's
-strict device (:mod:`tinytrain.strict`) that offers the few parts of CuPy's API
+strict device (:mod:`tinytrain.testing.strict`) that offers the few parts of CuPy's API
 that :class:`tinytrain.cuda.CupyBackend` uses, behaving the way CuPy documents
 them, so that the backend's own logic -- which device an array lands on, device
 index checks, scatter-add routing, saving and restoring random states -- can be
 run and tested on any machine:
 
-* arrays are :class:`~tinytrain.strict.StrictArray` s on one of ``devices`` fake
+* arrays are :class:`~tinytrain.testing.strict.StrictArray` s on one of ``devices`` fake
   GPUs; like CuPy arrays they refuse implicit conversion to NumPy and refuse
   mixing with another device's arrays; ``array.device.id`` is the GPU's index;
 * every function that *makes* an array (``asarray``, ``zeros``, random draws)
@@ -37,7 +37,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from tinytrain.strict import StrictArray, StrictNamespace
+from tinytrain.testing.strict import StrictArray, StrictNamespace
 
 # cuRAND generator types, as cupy.cuda.curand names them (the values are cuRAND's).
 CURAND_RNG_PSEUDO_DEFAULT = 100

@@ -1,0 +1,193 @@
+"""Running a module's graded checks with pytest, in-process, and adding up the points.
+
+:func:`grade` runs ``tests/graded/test_NN_name.py`` on a notebook (laid over the
+package, see :mod:`tinytrain.course.overlay`) or on the installed package, with a
+:class:`Collector` plugin that records each check's outcome, points and hint.
+"""
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tinytrain.course.checks import check_info
+from tinytrain.course.inventory import UnknownModule, graded_test_files
+from tinytrain.course.notebooks import NotebookError
+from tinytrain.course.overlay import overlay
+
+NOTEBOOK_ENV = "TINYTRAIN_STUDENT_NOTEBOOK"
+
+
+@dataclass
+class CheckResult:
+    name: str
+    nodeid: str
+    points: int
+    outcome: str  # "passed", "failed" or "skipped"
+    hint: str
+    message: str = ""
+    doc: str = ""
+
+    @property
+    def earned(self) -> int:
+        return self.points if self.outcome == "passed" else 0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "nodeid": self.nodeid, "outcome": self.outcome, "points": self.points,
+                "earned": self.earned, "hint": self.hint, "message": self.message, "doc": self.doc}
+
+
+@dataclass
+class GradeReport:
+    module: str
+    notebook: str | None  # None: the installed package was graded
+    checks: list[CheckResult]
+    errors: list[str] = field(default_factory=list)  # collection errors, a notebook that does not load
+
+    @property
+    def earned(self) -> int:
+        return sum(check.earned for check in self.checks)
+
+    @property
+    def possible(self) -> int:
+        return sum(check.points for check in self.checks if check.outcome != "skipped")
+
+    @property
+    def passed(self) -> bool:
+        return not self.errors and self.possible > 0 and self.earned == self.possible
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"module": self.module, "notebook": self.notebook, "earned": self.earned,
+                "possible": self.possible, "checks": [check.as_dict() for check in self.checks],
+                "errors": self.errors}
+
+
+class Collector:
+    """pytest plugin: records each graded check's outcome, points and hint."""
+
+    def __init__(self, notebook: str | None = None) -> None:
+        self.notebook = notebook  # read by the `student` fixture (see notebook_option)
+        self.results: dict[str, CheckResult] = {}
+        self.errors: list[str] = []
+
+    def pytest_collection_modifyitems(self, items: list[Any]) -> None:
+        for item in items:
+            info = check_info(item)
+            if info is not None:
+                doc = (item.function.__doc__ or "").strip().splitlines()
+                self.results[item.nodeid] = CheckResult(item.name, item.nodeid, info[0], "passed", info[1],
+                                                        doc=doc[0] if doc else "")
+
+    def pytest_collectreport(self, report: Any) -> None:
+        if report.failed:
+            self.errors.append(f"collecting {report.nodeid or 'the checks'} failed:\n{_text(report)}")
+
+    def pytest_runtest_logreport(self, report: Any) -> None:
+        result = self.results.get(report.nodeid)
+        if result is None or result.outcome == "failed":
+            return
+        if report.failed:
+            result.outcome = "failed"
+            result.message = _failure_message(report)
+        elif report.skipped and report.when in ("setup", "call"):
+            result.outcome = "skipped"
+            result.message = _skip_reason(report)
+
+    def report(self, module: str) -> GradeReport:
+        return GradeReport(module, self.notebook, list(self.results.values()), list(self.errors))
+
+
+def _text(report: Any) -> str:
+    text = getattr(report, "longreprtext", "") or str(report.longrepr or "")
+    return text.strip()
+
+
+def _failure_message(report: Any) -> str:
+    """The one line that says why a check failed (the exception at the point of failure)."""
+    crash = getattr(report.longrepr, "reprcrash", None)
+    message = crash.message if crash is not None else (_text(report).splitlines() or ["failed"])[-1]
+    if report.when != "call":
+        message = f"(in {report.when}) {message}"
+    lines = [line for line in str(message).splitlines() if line.strip()]
+    short = lines[0] if lines else "failed"
+    # pytest's assertion introspection adds lines such as "assert 3 == 4"; keep two of them.
+    for line in lines[1:3]:
+        short += " | " + line.strip()
+    return short[:500]
+
+
+def _skip_reason(report: Any) -> str:
+    longrepr = report.longrepr
+    if isinstance(longrepr, tuple) and len(longrepr) == 3:
+        return str(longrepr[2]).removeprefix("Skipped: ")
+    return str(longrepr or "")
+
+
+def notebook_option(config: Any) -> str | None:
+    """The notebook to grade: the Collector's (``tinytrain grade``), ``--notebook``, or the env var."""
+    for plugin in config.pluginmanager.get_plugins():
+        if isinstance(plugin, Collector) and plugin.notebook:
+            return plugin.notebook
+    option = config.getoption("notebook", default=None)
+    return option or os.environ.get(NOTEBOOK_ENV) or None
+
+
+def run_checks(test_files: Sequence[Path], notebook: str | os.PathLike | None = None,
+               root: Path | None = None) -> Collector:
+    """Run graded test files in-process with pytest; the Collector holds the results.
+
+    pytest's own output is swallowed (the Collector keeps what matters). Modules the run
+    imports from the test folder are forgotten afterwards, so runs can repeat in a process.
+    """
+    import pytest
+
+    collector = Collector(str(notebook) if notebook else None)
+    args = [str(path) for path in test_files]
+    args += ["-q", "-p", "no:cacheprovider", "-p", "no:randomly", "-o", "addopts=", "--no-header",
+             "-W", "ignore::pytest.PytestAssertRewriteWarning"]
+    if root is not None:
+        args += ["--rootdir", str(root)]
+    # Only the graded folder's conftest: the test suite's (tests/conftest.py) needs test-only packages.
+    folders = sorted({str(Path(path).resolve().parent) for path in test_files})
+    if len(folders) == 1:
+        args += ["--confcutdir", folders[0]]
+    # Test modules are imported under their file names (pytest's default import mode): set
+    # aside same-named modules of an earlier or enclosing run, and put them back afterwards.
+    aside = {name: sys.modules.pop(name) for name in ["conftest", *(Path(p).stem for p in test_files)]
+             if name in sys.modules}
+    before = set(sys.modules)
+    output = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(output), contextlib.redirect_stderr(output):
+            status = pytest.main(args, plugins=[collector])
+    finally:
+        for name in set(sys.modules) - before:
+            file = getattr(sys.modules[name], "__file__", None) or ""
+            if name in aside or any(file.startswith(folder) for folder in folders):
+                del sys.modules[name]
+        sys.modules.update(aside)
+    if status not in (0, 1, 5) and not collector.errors:
+        # Usage errors, internal errors, interrupted: show what pytest said.
+        collector.errors.append(f"pytest exited with status {int(status)}:\n{output.getvalue().strip()[-3000:]}")
+    return collector
+
+
+def grade(module: str, root: Path, notebook: str | os.PathLike | None = None) -> GradeReport:
+    """Run ``module``'s graded checks on ``notebook`` (None: on the installed package)."""
+    tests = graded_test_files(root).get(module)
+    if tests is None:
+        raise UnknownModule(f"module {module} has no graded checks (tests/graded/test_{module}.py under {root})")
+    collector = run_checks([tests], notebook, root)
+    report = collector.report(module)
+    if notebook is not None:
+        try:  # say once, up front, why nothing passes
+            with overlay(notebook, module):
+                pass
+        except NotebookError as error:
+            report.errors.insert(0, str(error))
+    return report
