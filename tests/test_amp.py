@@ -172,3 +172,25 @@ def digits_accuracy(precision: str) -> float:
 def test_16_mixed_on_digits_ends_within_one_point_of_float32():
     full, mixed = digits_accuracy("32-true"), digits_accuracy("16-mixed")
     assert full > 0.93 and abs(full - mixed) <= 0.01, (full, mixed)
+
+
+def test_a_trainer_whose_losses_bypass_batch_loss_refuses_16_mixed():
+    """A student's ``_accumulate`` that calls the model itself would train in float32 unnoticed."""
+
+    class OwnLosses(tt.Trainer):
+        def _accumulate(self, window, parameters):
+            for p in parameters:
+                p.grad = None
+            total = 0.0
+            n = sum(len(inputs) for inputs, _ in window)
+            for inputs, targets in window:
+                loss = self.loss_fn(self.model(inputs), targets)
+                (loss * (len(inputs) / n)).backward()
+                total += loss.item() * len(inputs)
+            return total
+
+    trainer = toy()
+    trainer.__class__ = OwnLosses
+    with pytest.raises(RuntimeError, match=r"16-mixed.*self\._batch_loss\(inputs, targets\)"):
+        trainer.train_epoch(loader())
+    assert trainer.step == 0

@@ -116,7 +116,9 @@ def test_milestone_delegates(monkeypatch, capsys) -> None:
 
 def test_status_reports_installed_code_and_checks(capsys) -> None:
     assert main(["status", "--root", str(ROOT), "--json"]) == 0
-    rows = {row["module"]: row for row in json.loads(capsys.readouterr().out)}
+    status = json.loads(capsys.readouterr().out)
+    rows = {row["module"]: row for row in status["modules"]}
+    assert status["advice"] == []
     assert set(inventory.graded_test_files(ROOT)) <= set(rows)
     for module in inventory.graded_test_files(ROOT):
         assert rows[module]["code"] == "reference" and rows[module]["checks"].endswith("all pass"), rows[module]
@@ -174,7 +176,7 @@ def test_export_then_reset(copy, tmp_path: Path) -> None:
     assert (package / inventory.BACKUP_DIR / "03_activations/reference/nn.activations.py.orig").read_text() == original
 
     status = run("status", "--json")
-    rows = {row["module"]: row for row in json.loads(status.stdout)}
+    rows = {row["module"]: row for row in json.loads(status.stdout)["modules"]}
     assert rows["03_activations"]["code"].startswith("student: ") and rows["03_activations"]["checks"].endswith("all pass")
     assert rows["01_tensor"]["code"] == "reference"
     graded = run("grade", "03", "--installed", "--json")
@@ -186,11 +188,48 @@ def test_export_then_reset(copy, tmp_path: Path) -> None:
     assert "already holds the reference" in run("reset", "3").stdout
 
 
-def test_export_of_stubs_warns(copy) -> None:
-    run, _ = copy
-    result = run("export", "03", "--notebook", str(ROOT / "notebooks/03_activations.ipynb"))
-    assert result.returncode == 0, result.stderr
-    assert "still stubs" in result.stdout and "relu" in result.stdout
+def test_export_of_stubs_is_refused_unless_forced(copy) -> None:
+    run, package = copy
+    before = (package / "nn/activations.py").read_text()
+    refused = run("export", "03", "--notebook", str(ROOT / "notebooks/03_activations.ipynb"))
+    assert refused.returncode == 2 and "still has stubs" in refused.stderr and "relu" in refused.stderr
+    assert "--force" in refused.stderr and refused.stderr.count("not exported") == 1
+    assert (package / "nn/activations.py").read_text() == before
+    forced = run("export", "03", "--notebook", str(ROOT / "notebooks/03_activations.ipynb"), "--force")
+    assert forced.returncode == 0, forced.stderr
+    assert "still stubs" in forced.stdout and "relu" in forced.stdout
+
+
+def test_stubs_left_in_an_export_are_named_by_status_doctor_and_the_milestones(copy, tmp_path: Path) -> None:
+    """Module 02 exported unfilled: what breaks later names module 02 and how to reset it."""
+    run, package = copy
+    assert run("export", "02", "--notebook", str(ROOT / "notebooks/02_autograd.ipynb"), "--force").returncode == 0
+    status = json.loads(run("status", "--json").stdout)
+    rows = {row["module"]: row for row in status["modules"]}
+    assert rows["02_autograd"]["checks"].startswith("0/") and "fail" in rows["04_layers"]["checks"]
+    stubs, knock_on = status["advice"]
+    assert stubs.startswith("module 02_autograd holds your exported code with stubs left: apply, sum_to_shape, ")
+    assert "04_layers" in knock_on and "fail in your exported code of module 02_autograd" in knock_on
+    assert "tinytrain reset 02" in stubs and "tinytrain reset 02" in knock_on
+    graded = run("grade", "04", "--installed")
+    assert "cause: your exported code of module 02_autograd (autograd.py, line " in graded.stdout
+
+    doctor = run("doctor")
+    assert doctor.returncode == 1 and "tinytrain is ready" not in doctor.stdout
+    assert "[FAIL] module 02_autograd holds your exported code with stubs left" in doctor.stdout
+    assert "[FAIL] a small training run fails in your exported code of module 02_autograd" in doctor.stdout
+
+    milestone = run("milestone", "mlp", "--epochs", "1", "--warmup", "0", "--out", str(tmp_path / "run"), root=False)
+    assert milestone.returncode == 1 and "Traceback" not in milestone.stderr
+    assert "the milestone failed in your exported code of module 02_autograd" in milestone.stderr
+    assert "NotImplementedError: apply: your code here" in milestone.stderr
+    assert "tinytrain reset 02" in milestone.stderr
+
+    reset = run("reset", "--all")
+    assert reset.returncode == 0 and "reset " in reset.stdout, reset.stderr
+    assert json.loads(run("status", "--json").stdout)["advice"] == []
+    assert "already holds the reference code of every module" in run("reset", "--all").stdout
+    assert run("reset").returncode == 2
 
 
 def test_export_refuses_a_syntax_error(copy, tmp_path: Path) -> None:
@@ -209,7 +248,21 @@ def test_export_refuses_code_that_does_not_import(copy, tmp_path: Path) -> None:
     notebook = _notebook(tmp_path / "03_activations.ipynb", edit=("import math", "import math\nimport no_such_module"))
     result = run("export", "03", "--notebook", str(notebook))
     assert result.returncode == 2 and "does not import" in result.stderr and "no_such_module" in result.stderr
+    assert result.stderr.count("not exported") == 1
     assert (package / "nn/activations.py").read_text() == before
+
+
+def test_an_import_error_on_export_names_the_notebook_cell_and_line(copy, tmp_path: Path) -> None:
+    run, _ = copy
+    notebook = _notebook(tmp_path / "03_activations.ipynb", edit=("def relu(x: Tensor) -> Tensor:",
+                                                                  "SCALE = undefined_name\n\n\ndef relu(x: Tensor) -> Tensor:"))
+    cells = nbformat.read(notebook, as_version=4).cells
+    number = next(i for i, cell in enumerate(cells, 1) if "undefined_name" in cell.source)
+    line = next(i for i, text in enumerate(cells[number - 1].source.split("\n"), 1) if "undefined_name" in text)
+    result = run("export", "03", "--notebook", str(notebook))
+    assert result.returncode == 2 and "NameError" in result.stderr
+    assert f"raised in {notebook.name} cell {number} (id " in result.stderr or f"cell {number} (id" in result.stderr
+    assert f"cell {number} (id {cells[number - 1].id}), line {line}:" in result.stderr, result.stderr
 
 
 def test_a_broken_export_does_not_break_the_command(copy) -> None:

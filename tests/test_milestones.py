@@ -56,6 +56,20 @@ def test_killed_run_resumed_ends_with_identical_weights_and_accuracy(tmp_path: P
     assert accuracy[0] == accuracy[1]
 
 
+def test_accumulation_steps_equal_a_batch_that_many_times_larger(tmp_path: Path) -> None:
+    options = ("--epochs", "2", "--warmup", "0")
+    runs = {name: run_mlp(*options, *extra, "--out", str(tmp_path / name))
+            for name, extra in (("accumulated", ("--batch-size", "16", "--accumulation-steps", "4")),
+                                ("big", ("--batch-size", "64",)), ("small", ("--batch-size", "16",)))}
+    for name, result in runs.items():
+        assert result.returncode in (0, 1), f"{name}: {result.stderr}"
+    accumulated, big, small = (final_weights(tmp_path / name) for name in ("accumulated", "big", "small"))
+    for name in big:
+        np.testing.assert_allclose(accumulated[name], big[name], rtol=1e-4, atol=1e-6, err_msg=name)
+    assert any(not np.allclose(accumulated[name], small[name], rtol=1e-3) for name in big), \
+        "--accumulation-steps 4 trained like plain batches of 16"
+
+
 def test_config_file_is_read_and_the_command_line_wins(tmp_path: Path) -> None:
     config = tmp_path / "run.toml"
     config.write_text('epochs = 3\nwarmup = 0\nbatch_size = 128\nout = "%s"\n' % (tmp_path / "cfg").as_posix())

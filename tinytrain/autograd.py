@@ -67,7 +67,21 @@ class Function:
 
     @classmethod
     def apply(cls, *inputs: Any, **params: Any) -> Any:
-        """Run the operation on tensors and record it in the graph if needed."""
+        """Run the operation on tensors and record it in the graph if needed.
+
+        1. ``fn = cls()``; ``fn.backend`` is the first input's backend (``inputs[0]._backend``).
+        2. ``fn.forward(*arrays, **params)`` on the inputs' arrays (``t.data``). If it
+           raises ``ValueError`` (shapes that do not fit), raise a ``ValueError`` that
+           names the operation and the shape of every input, e.g. ``"MatMul of tensors
+           with shapes (2, 3) and (4,): ..."``. NumPy returns a scalar, not an array,
+           for some 0-d results (``a.sum()``): wrap it with ``fn.xp.asarray``, since a
+           tensor always holds an array.
+        3. The result is ``inputs[0]._make(data, backend, requires_grad)`` (Module 01's
+           ``Tensor._make``) on ``fn.output_backend or fn.backend``. It requires grad
+           when recording is on and any input requires grad; only then it gets
+           ``_ctx = fn``, and ``fn`` gets ``inputs`` (the tensors) and
+           ``sequence = next(_creation_order)``.
+        """
         fn = cls()
         fn.backend = backend = inputs[0]._backend
         fn.xp = backend.xp  # fills the cached property at once: forward and backward read it often
@@ -97,6 +111,7 @@ def sum_to_shape(grad: Any, shape: tuple[int, ...]) -> Any:
 
     If ``x`` of shape ``(3, 1)`` was broadcast to ``(2, 3, 4)``, every element of
     ``x`` was used 2 * 4 times, so its gradient is the sum over those copies.
+    When ``grad`` already has ``shape``, return ``grad`` itself (no copy).
     """
     if grad.shape == shape:
         return grad

@@ -140,7 +140,21 @@ class Function:
 
     @classmethod
     def apply(cls, *inputs: Any, **params: Any) -> Any:
-        """Run the operation on tensors and record it in the graph if needed."""
+        """Run the operation on tensors and record it in the graph if needed.
+
+        1. ``fn = cls()``; ``fn.backend`` is the first input's backend (``inputs[0]._backend``).
+        2. ``fn.forward(*arrays, **params)`` on the inputs' arrays (``t.data``). If it
+           raises ``ValueError`` (shapes that do not fit), raise a ``ValueError`` that
+           names the operation and the shape of every input, e.g. ``"MatMul of tensors
+           with shapes (2, 3) and (4,): ..."``. NumPy returns a scalar, not an array,
+           for some 0-d results (``a.sum()``): wrap it with ``fn.xp.asarray``, since a
+           tensor always holds an array.
+        3. The result is ``inputs[0]._make(data, backend, requires_grad)`` (Module 01's
+           ``Tensor._make``) on ``fn.output_backend or fn.backend``. It requires grad
+           when recording is on and any input requires grad; only then it gets
+           ``_ctx = fn``, and ``fn`` gets ``inputs`` (the tensors) and
+           ``sequence = next(_creation_order)``.
+        """
         ### BEGIN SOLUTION
         fn = cls()
         fn.backend = backend = inputs[0]._backend
@@ -172,6 +186,7 @@ def sum_to_shape(grad: Any, shape: tuple[int, ...]) -> Any:
 
     If ``x`` of shape ``(3, 1)`` was broadcast to ``(2, 3, 4)``, every element of
     ``x`` was used 2 * 4 times, so its gradient is the sum over those copies.
+    When ``grad`` already has ``shape``, return ``grad`` itself (no copy).
     """
     ### BEGIN SOLUTION
     if grad.shape == shape:
@@ -319,6 +334,7 @@ mul.inputs = (x, y)
 mul.forward(x.data, y.data)
 assert mul.backward(np.float32(1.0)) == (4.0, 3.0)
 add = Add()
+add.inputs = (tt.ones(2, 3, requires_grad=True), tt.ones(3, requires_grad=True))
 add.forward(np.ones((2, 3)), np.ones(3))
 grad_a, grad_b = add.backward(np.ones((2, 3)))
 assert grad_a.shape == (2, 3) and grad_b.shape == (3,) and (grad_b == 2).all()
@@ -456,10 +472,12 @@ m.backend = tt.get_backend("cpu")
 m.forward(a.data, axis=(1,), keepdims=False)
 assert m.backward(np.ones(2, dtype=np.float32))[0].tolist() == [[0, 0.5, 0.5], [1, 0, 0]]
 s = Sum()
+s.inputs = (a,)
 s.backend = tt.get_backend("cpu")
 s.forward(a.data, axis=(0,), keepdims=False)
 assert s.backward(np.array([1.0, 2.0, 3.0]))[0].tolist() == [[1, 2, 3], [1, 2, 3]]
 t = Transpose()
+t.inputs = (tt.zeros(2, 3, 4, requires_grad=True),)
 t.forward(np.zeros((2, 3, 4)), axes=(1, 2, 0))
 assert t.backward(np.zeros((3, 4, 2)))[0].shape == (2, 3, 4)
 print("reductions OK")
@@ -1048,7 +1066,7 @@ print((w.detach() * 2).requires_grad)
 
 # %%
 def chained_ops(x):
-    for _ in range(50):
+    for _ in range(40):  # five operations per round: 200 in all
         x = ((x * 1.01 + 0.1).tanh() - 0.05) * 0.99
     return x.sum()
 

@@ -845,10 +845,20 @@ print("random states and checkpoint files OK")
 # under `no_grad()` (no graph: less memory, less time) and puts every module back
 # as it was — even when an exception interrupts it.
 #
-# You write three methods: `_take_step` (check, clip, step), `train_epoch` (the
-# windows and their weights) and `evaluate`. `fit` and the checkpoint methods are
-# given: `fit` loops over epochs and calls the callbacks of section 6;
-# `save_checkpoint` gathers everything section 3 listed.
+# You write three methods: `_accumulate` (one window: clear the gradients, a
+# weighted backward per batch, the window's loss), `_clip_and_step` (check, clip,
+# step) and `evaluate`. The rest is given: `train_epoch` cuts the epoch into
+# windows and calls `_accumulate`, then `_take_step`; `fit` loops over epochs and
+# calls the callbacks of section 6; `save_checkpoint` gathers everything section 3
+# listed.
+#
+# Two given methods are the Trainer's **extension points**, which Module 11 plugs
+# into: every training batch's loss comes from `self._batch_loss(inputs, targets)`
+# (mixed precision computes it in float16 there), and every step goes through
+# `self._take_step` (mixed precision unscales the gradients there, data
+# parallelism averages them over the processes). So `_accumulate` must get each
+# batch's loss from `self._batch_loss`, not by calling the model itself: a
+# trainer asked for `precision="16-mixed"` stops with an error that says so.
 
 # %% export="training"
 HISTORY_KEYS = ("train_loss", "eval_loss", "eval_accuracy", "learning_rates", "grad_norm", "skipped_steps", "epoch_time")
@@ -967,12 +977,41 @@ class Trainer:
             return loss.sum(), False
         return loss, reduction == "mean"
 
+    def _batch_loss(self, inputs: Tensor, targets: Tensor) -> tuple[Tensor, bool]:
+        """``(loss, is_mean)`` of one training batch: ``loss_fn(model(inputs), targets)``
+        reduced to a scalar, and whether it is a mean over the batch's samples.
+
+        Given. Module 11's mixed precision computes the loss here in float16, so
+        every training batch's loss must come from this method.
+        """
+        if self._amp is not None:
+            return self._reduce(self._amp.forward_loss(self.model, self.loss_fn, inputs, targets))
+        return self._reduce(self.loss_fn(self.model(inputs), targets))
+
     def _take_step(self, parameters: list[Tensor], loss: float, norms: list[float]) -> bool:
-        """Check, clip and step on the accumulated gradients; whether the step was taken."""
-        ### BEGIN SOLUTION
+        """Step on the accumulated gradients unless something is wrong; whether the step was taken.
+
+        Given. Module 11's plugins go first: mixed precision unscales the float16
+        gradients, data parallelism averages them over the ranks, and either may
+        veto the step (an overflow, a non-finite loss on another rank). Then
+        :meth:`_clip_and_step`.
+        """
         if self._plugins and not all([plugin.before_step(parameters, loss) for plugin in self._plugins]):
-            self.skipped_steps += 1  # Module 11: a float16 overflow, or a non-finite loss on another rank
+            self.skipped_steps += 1
             return False
+        return self._clip_and_step(parameters, loss, norms)
+
+    def _clip_and_step(self, parameters: list[Tensor], loss: float, norms: list[float]) -> bool:
+        """Check, clip and step; whether the step was taken.
+
+        ``loss`` is the window's summed loss. When it is not finite, skip the step
+        with ``self._skip(reason)`` (which counts it, or raises under
+        ``on_nonfinite="raise"``). When clipping (``grad_clip_norm`` is not None),
+        clip ``parameters``' gradients with :func:`clip_grad_norm`; skip the same
+        way when the norm it returns is not finite, and otherwise append it to
+        ``norms``. Then ``self.optimizer.step()`` and count it in ``self.step``.
+        """
+        ### BEGIN SOLUTION
         if not math.isfinite(loss):
             return self._skip(f"the loss is {loss}")
         if self.grad_clip_norm is not None:
@@ -998,10 +1037,10 @@ class Trainer:
         """Train one epoch; return the mean loss per sample over the steps taken.
 
         First sets the optimizer's rate to ``scheduler.get_lr(epoch)`` and puts the
-        model in training mode. Each optimizer step uses the gradient of the mean
-        loss over all samples of ``accumulation_steps`` consecutive batches (the
-        last window may be shorter): each batch's loss is weighted by its share of
-        the window's samples before ``backward()``.
+        model in training mode. Then, for each window of ``accumulation_steps``
+        consecutive batches (the last window may be shorter), one optimizer step
+        on the gradient of the mean loss over all samples of the window
+        (:meth:`_accumulate`, then :meth:`_take_step`).
         """
         if isinstance(accumulation_steps, bool) or not isinstance(accumulation_steps, int) or accumulation_steps < 1:
             raise ValueError(f"accumulation_steps must be a whole number >= 1, got {accumulation_steps!r}")
@@ -1013,25 +1052,12 @@ class Trainer:
         parameters = self.model.parameters()
         batches = _progress(dataloader, progress, desc=f"epoch {self.epoch + 1}", leave=False, unit="batch")
         loss_sum, samples, windows, skipped_before, norms = 0.0, 0, 0, self.skipped_steps, []
-        ### BEGIN SOLUTION
         for window in _windows(batches, accumulation_steps):
             windows += 1
-            window_samples = sum(len(inputs) for inputs, _ in window)
-            for parameter in parameters:  # what model.zero_grad() does, without walking the tree each step
-                parameter.grad = None
-            window_loss = None  # the window's summed per-sample loss, kept on the device
-            for inputs, targets in window:
-                loss, is_mean = self._reduce(self.loss_fn(self.model(inputs), targets) if self._amp is None
-                                             else self._amp.forward_loss(self.model, self.loss_fn, inputs, targets))
-                weight = (len(inputs) if is_mean else 1) / window_samples
-                (loss * weight if weight != 1 else loss).backward()
-                summed = loss.detach() * len(inputs) if is_mean else loss.detach()
-                window_loss = summed if window_loss is None else window_loss + summed
-            value = window_loss.item()  # the one host read per step
-            if self._take_step(parameters, value, norms):
-                loss_sum += value
-                samples += window_samples
-        ### END SOLUTION
+            window_loss = self._accumulate(window, parameters)
+            if self._take_step(parameters, window_loss, norms):
+                loss_sum += window_loss
+                samples += sum(len(inputs) for inputs, _ in window)
         if windows == 0:
             raise ValueError("train_epoch: the data loader yielded no batches")
         self.epoch += 1
@@ -1041,6 +1067,31 @@ class Trainer:
                            ("skipped_steps", self.skipped_steps - skipped_before)):
             self.history[key].append(value)
         return mean_loss
+
+    def _accumulate(self, window: list[tuple[Tensor, Tensor]], parameters: list[Tensor]) -> float:
+        """Forward and backward one window of ``(inputs, targets)`` batches; the window's summed loss.
+
+        First clear every parameter's gradient (``.grad = None``). Then, for each
+        batch, ``loss, is_mean = self._batch_loss(inputs, targets)`` and
+        ``backward()`` on that loss weighted so that the gradients add up to the
+        gradient of the mean loss over all ``n`` samples of the window: a mean
+        loss of ``n_b`` samples weighs ``n_b / n``, a summed loss (``is_mean``
+        false) ``1 / n``. Returns the sum of the per-sample losses of the window
+        (a mean loss counts ``n_b`` times), as a float read from the device once.
+        """
+        ### BEGIN SOLUTION
+        window_samples = sum(len(inputs) for inputs, _ in window)
+        for parameter in parameters:  # what model.zero_grad() does, without walking the tree each step
+            parameter.grad = None
+        window_loss = None  # the window's summed per-sample loss, kept on the device
+        for inputs, targets in window:
+            loss, is_mean = self._batch_loss(inputs, targets)
+            weight = (len(inputs) if is_mean else 1) / window_samples
+            (loss * weight if weight != 1 else loss).backward()
+            summed = loss.detach() * len(inputs) if is_mean else loss.detach()
+            window_loss = summed if window_loss is None else window_loss + summed
+        return window_loss.item()  # the one host read per step
+        ### END SOLUTION
 
     def evaluate(self, dataloader: Iterable[Any]) -> tuple[float, float]:
         """``(mean loss per sample, accuracy in [0, 1])`` over ``dataloader``.

@@ -420,11 +420,15 @@ class MixedPrecision:
     """The Trainer's ``precision="16-mixed"``: float16 compute copies of the weights,
     float32 master weights, gradients and optimizer state, dynamic loss scaling.
 
-    Per optimizer step: the first :meth:`forward_loss` replaces every float32
-    parameter's data with a float16 copy (keeping the master), casts the inputs
-    to float16, computes the loss in float32 and scales its gradient;
-    :meth:`before_step` puts the masters back, unscales the gradients into
-    float32 and returns whether the step may be taken (no overflow).
+    It plugs into the Trainer's two extension points (Module 08): the Trainer's
+    ``_batch_loss`` calls :meth:`forward_loss` for every training batch, and its
+    ``_take_step`` calls :meth:`before_step` before every step. Per optimizer
+    step: the first :meth:`forward_loss` replaces every float32 parameter's data
+    with a float16 copy (keeping the master), casts the inputs to float16,
+    computes the loss in float32 and scales its gradient; :meth:`before_step`
+    puts the masters back, unscales the gradients into float32 and returns
+    whether the step may be taken (no overflow). A step whose batches did not
+    go through :meth:`forward_loss` would be a silent float32 step: it raises.
     """
 
     name = "precision"
@@ -465,6 +469,12 @@ class MixedPrecision:
 
     def before_step(self, parameters: list[Tensor], loss: float) -> bool:
         """Masters back, gradients unscaled into float32; False (skip) on overflow."""
+        if self._masters is None:
+            raise RuntimeError(
+                "precision='16-mixed': no batch of this step was computed in float16. The Trainer's "
+                "_accumulate must get every batch's loss from self._batch_loss(inputs, targets) (Module 08), "
+                "where mixed precision casts the weights and inputs; this one computed the loss another way"
+            )
         self._to_master()
         found_inf = self.scaler.unscale_(parameters)
         self.scaler.update(found_inf)

@@ -241,9 +241,9 @@ def one_epoch(student, dataset, batch_size, accumulation_steps, loss_fn=None):
     return loss, weights(model), trainer, loss_fn
 
 
-@check(points=3, hint="gradient accumulation: before backward(), multiply each micro-batch's mean loss by "
+@check(points=3, hint="_accumulate: before backward(), multiply each micro-batch's mean loss by "
                       "n_batch / n_window (its share of ALL samples in the window), not by 1/k and not by 1; "
-                      "zero the gradients once per window and step once per window")
+                      "clear the gradients once per window, at its start")
 def test_accumulation_equals_one_big_batch(student):
     full = TensorDataset(X, Y)  # 256 samples
     big_loss, big, big_trainer, _ = one_epoch(student, full, 128, 1)
@@ -259,8 +259,8 @@ def test_accumulation_equals_one_big_batch(student):
     assert loss == pytest.approx(big_loss, abs=1e-6)
 
 
-@check(points=1, hint="a loss with reduction='sum' (or 'none', summed by self._reduce) is already a sum over the "
-                      "batch: weight it by 1 / n_window, not by n_batch / n_window")
+@check(points=1, hint="_accumulate: a loss for which self._batch_loss says is_mean=False (reduction='sum' or "
+                      "'none') is already a sum over the batch: weight it by 1 / n_window, not by n_batch / n_window")
 def test_accumulation_with_summed_losses(student):
     _, expected, _, _ = one_epoch(student, TOY, 96, 1)
     mean_loss, _, _, _ = one_epoch(student, TOY, 32, 3)
@@ -270,8 +270,8 @@ def test_accumulation_with_summed_losses(student):
         assert loss == pytest.approx(mean_loss, abs=1e-5), (reduction, loss, mean_loss)
 
 
-@check(points=2, hint="train_epoch returns the mean loss PER SAMPLE: add up each batch's mean times its size and "
-                      "divide by the number of samples; averaging the batch means over-weights a short last batch")
+@check(points=2, hint="_accumulate returns the window's SUMMED per-sample loss: each batch's mean loss times its "
+                      "size, added up (train_epoch divides the epoch's total by the number of samples)")
 def test_epoch_loss_is_a_per_sample_mean(student):
     for accumulation_steps in (1, 2):
         loss, _, trainer, recorded = one_epoch(student, TOY, 32, accumulation_steps)
@@ -282,6 +282,23 @@ def test_epoch_loss_is_a_per_sample_mean(student):
         assert abs(per_sample - np.mean([mean for mean, _ in recorded.batches])) > 1e-4
         assert trainer.epoch == 1 and trainer.history["train_loss"] == [loss]
         assert trainer.step == 4 // accumulation_steps
+
+
+@check(points=1, hint="_accumulate must get every batch's loss from self._batch_loss(inputs, targets), not by "
+                      "calling the model and the loss itself: Module 11's mixed precision plugs in there")
+def test_accumulate_gets_every_loss_from_batch_loss(student):
+    model = toy_model()
+    trainer = student.Trainer(model, optim.SGD(model.parameters(), lr=0.5), nn.CrossEntropyLoss())
+    seen = []
+    given = trainer._batch_loss
+
+    def recorded(inputs, targets):
+        seen.append(len(inputs))
+        return given(inputs, targets)
+
+    trainer._batch_loss = recorded
+    trainer.train_epoch(DataLoader(TOY, batch_size=32), accumulation_steps=2)
+    assert seen == [32, 32, 32, 4], f"expected the 4 batches (32, 32, 32, 4) through _batch_loss, got {seen}"
 
 
 class RecordingSGD(optim.SGD):
@@ -348,8 +365,9 @@ def test_evaluate_modes_and_per_sample_means(student):
     assert [m.training for m in model.modules()] == [True, True, False, False, False]
 
 
-@check(points=2, hint="_take_step: if the window's loss is not finite, skip the step (self._skip); when clipping, "
-                      "skip it too if clip_grad_norm returns a non-finite norm; otherwise step and count self.step")
+@check(points=2, hint="_clip_and_step: if the window's loss is not finite, skip the step (self._skip); when "
+                      "clipping, skip it too if clip_grad_norm returns a non-finite norm; otherwise step and count "
+                      "self.step")
 def test_nonfinite_loss_skips_the_step(student):
     class NanOnce:
         reduction = "mean"

@@ -3,8 +3,8 @@
     tinytrain build [--check] [--force]        notebooks and library files from modules/
     tinytrain grade NN [--notebook P] [--json] module NN's graded checks on the student's notebook
                                                (--installed: on the code installed in the package)
-    tinytrain export NN [--notebook P]         the notebook's code into the installed package
-    tinytrain reset NN                         the reference code back into the package
+    tinytrain export NN [--notebook P]         the notebook's code into the installed package (--force: with stubs)
+    tinytrain reset NN | --all                 the reference code back into the package
     tinytrain status                           per module: whose code is installed, do its checks pass
     tinytrain milestone mlp|cnn [options]      train a real model end to end
     tinytrain doctor                           check the installation; a fix for each problem
@@ -26,7 +26,7 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from tinytrain.course import export, grading, inventory, notebooks
+from tinytrain.course import diagnose, export, grading, inventory, notebooks
 from tinytrain.course.doctor import doctor
 
 
@@ -188,7 +188,9 @@ def _print_report(report) -> None:
         elif check.outcome == "skipped":
             line += f"  ({check.message})"
         print(line)
-        if check.outcome == "failed":
+        if check.outcome == "failed" and check.cause is not None:
+            print(f"        cause: {check.cause} raised this; {diagnose.reset_advice(check.cause.module)}")
+        elif check.outcome == "failed":
             print(f"        hint: {check.hint}")
     print(f"Total: {report.earned}/{report.possible} points")
 
@@ -210,6 +212,12 @@ def _export(args: argparse.Namespace) -> int:
     module = _module(args, root)
     notebook = _notebook(args, root, module)
     try:
+        stubs = notebooks.stubbed_functions(notebook)
+        if stubs and not args.force:
+            raise UsageError(
+                f"not exported: {_shown(notebook)} still has stubs that raise NotImplementedError: {', '.join(stubs)}. "
+                "Later modules and the milestones would fail in them; fill them in first, or pass --force"
+            )
         result = export.export(notebook, module)
     except (notebooks.NotebookError, inventory.UnknownModule) as error:
         raise UsageError(f"not exported: {error}") from None
@@ -219,7 +227,6 @@ def _export(args: argparse.Namespace) -> int:
     print(f"the replaced files are kept in {_shown(result.backups)}")
     for warning in result.warnings:
         print(f"warning: {warning}")
-    stubs = notebooks.stubbed_functions(notebook)
     if stubs:
         print(f"warning: still stubs (they raise NotImplementedError): {', '.join(stubs)}; later modules and the "
               "milestones that call them will fail")
@@ -228,17 +235,25 @@ def _export(args: argparse.Namespace) -> int:
 
 
 def _reset(args: argparse.Namespace) -> int:
-    """``tinytrain reset NN``: put module NN's reference code back into the package."""
+    """``tinytrain reset NN`` / ``--all``: put module NN's (every module's) reference code back into the package."""
     root = _project_root(args)
-    module = _module(args, root)
-    try:
-        changed = export.reset(module, root)
-    except (notebooks.NotebookError, inventory.UnknownModule) as error:
-        raise UsageError(str(error)) from None
-    if not changed:
-        print(f"module {module}: the package already holds the reference code")
-    for path, how in changed:
-        print(f"reset {_shown(path)} ({how})")
+    if args.all == (args.module is not None):
+        raise UsageError("name one module to reset (tinytrain reset 03), or pass --all")
+    if args.all:
+        modules = [name for name, info in inventory.installed_modules().items() if info.exported]
+        if not modules:
+            print("the package already holds the reference code of every module")
+    else:
+        modules = [_module(args, root)]
+    for module in modules:
+        try:
+            changed = export.reset(module, root)
+        except (notebooks.NotebookError, inventory.UnknownModule) as error:
+            raise UsageError(str(error)) from None
+        if not changed:
+            print(f"module {module}: the package already holds the reference code")
+        for path, how in changed:
+            print(f"reset {_shown(path)} ({how})")
     return 0
 
 
@@ -288,15 +303,36 @@ def _status(args: argparse.Namespace) -> int:
         else:
             checks = "no graded checks"
         rows.append((module, code, checks))
+    advice = _causes(reports)
     if args.json:
-        print(json.dumps([{"module": m, "code": c, "checks": k} for m, c, k in rows], indent=2))
+        print(json.dumps({"modules": [{"module": m, "code": c, "checks": k} for m, c, k in rows], "advice": advice},
+                         indent=2))
         return 0
     width = max((len(m) for m, _, _ in rows), default=6)
     code_width = max([len("installed code")] + [len(c) for _, c, _ in rows])
     print(f"{'module':<{width}}  {'installed code':<{code_width}}  graded checks on the installed code")
     for module, code, checks in rows:
         print(f"{module:<{width}}  {code:<{code_width}}  {checks}")
+    for line in advice:
+        print(line)
     return 0
+
+
+def _causes(reports: dict) -> list[str]:
+    """What the student's exported code breaks: its stubs, and other modules' checks that fail in it."""
+    lines = []
+    for module, stubs in diagnose.exported_stubs().items():
+        lines.append(f"module {module} holds your exported code with stubs left: {', '.join(stubs)}; fill them and "
+                     f"export again, or {diagnose.reset_advice(module)}")
+    broken: dict[str, tuple[object, set[str]]] = {}
+    for module, report in reports.items():
+        for check in report.checks:
+            if check.outcome == "failed" and check.cause is not None:
+                cause, victims = broken.setdefault(check.cause.module, (check.cause, set()))
+                victims.add(module)
+    for module, (cause, victims) in sorted(broken.items()):
+        lines.append(f"the checks of {', '.join(sorted(victims))} fail in {cause}: {diagnose.reset_advice(module)}")
+    return lines
 
 
 # -- milestones and doctor -----------------------------------------------------------------------
@@ -371,8 +407,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     export_parser.add_argument("module", metavar="NN", help=module_help)
     export_parser.add_argument("--notebook", metavar="PATH",
                                help="the notebook to export (default: notebooks/NN_name.ipynb)")
+    export_parser.add_argument("--force", action="store_true", help="export even when stubs are left")
     reset_parser = _command(commands, "reset", _reset, "put module NN's reference code back into the package")
-    reset_parser.add_argument("module", metavar="NN", help=module_help)
+    reset_parser.add_argument("module", metavar="NN", nargs="?", help=module_help)
+    reset_parser.add_argument("--all", action="store_true", help="reset every module that holds your exported code")
     status_parser = _command(commands, "status", _status,
                              "per module: whose code is installed, and do its graded checks pass")
     status_parser.add_argument("--no-checks", action="store_true", help="only say whose code is installed")

@@ -18,6 +18,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import NamedTuple
 
+from tinytrain.course.diagnose import blame, exported_stubs, reset_advice
 from tinytrain.course.inventory import PACKAGE_DIR, dotted, installed_modules
 
 
@@ -36,7 +37,7 @@ class Finding(NamedTuple):
 
 def doctor(root: Path | None) -> list[Finding]:
     """Every check of ``tinytrain doctor``, in order."""
-    checks = (_check_python, _check_numpy, _check_cupy, _check_install, _check_library,
+    checks = (_check_python, _check_numpy, _check_cupy, _check_install, _check_library, _check_training,
               _check_tools, _check_kernel, _check_data)
     findings: list[Finding] = []
     for check in checks:
@@ -125,9 +126,10 @@ def _check_library(root: Path | None) -> list[Finding]:
             broken.append((name, error))
     findings = []
     for name, error in broken:
-        module = owner.get(name)
+        culprit = blame(error)
+        module = culprit.module if culprit is not None else owner.get(name)
         if module and installed[module].exported:
-            fix = f"tinytrain reset {module[:2]} (then fix your notebook and export it again)"
+            fix = reset_advice(module)
         elif root is not None:
             fix = f"cd {root} && tinytrain build && pip install -e ."
         else:
@@ -141,6 +143,42 @@ def _check_library(root: Path | None) -> list[Finding]:
                                         f"{', '.join(sorted(set(info.exported.values())))}); "
                                         f"`tinytrain reset {info.number}` puts the reference back"))
     return findings
+
+
+def _check_training(root: Path | None) -> list[Finding]:
+    """A few steps of a small CNN, in float32 and in 16-mixed: every module's code on the way is used."""
+    findings = [Finding("FAIL", f"module {module} holds your exported code with stubs left: {', '.join(stubs)}",
+                        f"fill them in and export again, or {reset_advice(module)}")
+                for module, stubs in exported_stubs().items()]
+    try:
+        _train_a_little()
+    except Exception as error:
+        culprit = blame(error)
+        if culprit is None:
+            return findings + [Finding("FAIL", f"a small training run fails: {type(error).__name__}: {error}",
+                                       "report this as a tinytrain bug (with the output of tinytrain doctor)")]
+        return findings + [Finding("FAIL", f"a small training run fails in {culprit}: {type(error).__name__}: {error}",
+                                   reset_advice(culprit.module))]
+    return findings + [Finding("ok", "a small CNN trains (tensor, autograd, layers, losses, optimizer, data, Trainer, "
+                                     "convolutions, mixed precision)")]
+
+
+def _train_a_little() -> None:
+    import numpy as np
+
+    import tinytrain as tt
+
+    rng = np.random.default_rng(0)
+    data = tt.data.TensorDataset(rng.standard_normal((24, 1, 6, 6)).astype(np.float32), rng.integers(0, 3, 24))
+    loader = tt.data.DataLoader(data, batch_size=8, shuffle=True, seed=0)
+    for precision in ("32-true", "16-mixed"):
+        nn = tt.nn
+        model = nn.Sequential(nn.Conv2d(1, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(), nn.MaxPool2d(2),
+                              nn.Flatten(), nn.Dropout(0.1), nn.Linear(36, 3))
+        trainer = tt.Trainer(model, tt.optim.SGD(model.parameters(), lr=0.1, momentum=0.9), nn.CrossEntropyLoss(),
+                             scheduler=tt.CosineSchedule(0.1, 0.01, total_epochs=2), grad_clip_norm=1.0,
+                             precision=precision)
+        trainer.fit(loader, loader, epochs=2, accumulation_steps=2, progress=False)
 
 
 def _check_tools(root: Path | None) -> list[Finding]:

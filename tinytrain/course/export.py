@@ -41,6 +41,17 @@ class ExportResult:
 
 def export_texts(notebook: Path, module: str, package: Path = PACKAGE_DIR) -> tuple[dict[str, str], list[str]]:
     """The library file text of each of ``module``'s targets from the notebook, and warnings."""
+    texts, warnings, _ = _exported_files(notebook, module, package)
+    return texts, warnings
+
+
+# Where each line of an exported file came from: (cell, line in the cell), or None for lines export added.
+LineOrigins = list[tuple[ExportCell, int] | None]
+
+
+def _exported_files(notebook: Path, module: str,
+                    package: Path) -> tuple[dict[str, str], list[str], dict[str, LineOrigins]]:
+    """:func:`export_texts`, plus where each line of each file came from in the notebook."""
     cells = read_export_cells(notebook)
     belongs = notebook_module(notebook, cells, package)
     if belongs is not None and belongs != module:
@@ -59,19 +70,41 @@ def export_texts(notebook: Path, module: str, package: Path = PACKAGE_DIR) -> tu
         if foreign:
             problems.append(f"exports {', '.join(foreign)}, which module {module} does not own")
         raise NotebookError(f"{notebook} " + " and ".join(problems))
-    codes = {target: "\n\n\n".join(cell.source.strip("\n") for cell in group) for target, group in by_target.items()}
-    needs, undefined = sibling_imports(codes)
+    joined = {target: _join_cells(group) for target, group in by_target.items()}
+    needs, undefined = sibling_imports({target: code for target, (code, _) in joined.items()})
     warnings = [
         f"{target}: {', '.join(names)} {'is' if len(names) == 1 else 'are'} used but defined by no export cell "
         "(names from other cells of the notebook are not part of your library)"
         for target, names in undefined.items()
     ]
     header = EXPORT_HEADER.format(notebook=_display_path(notebook), module=module, number=module[:2])
-    texts = {}
-    for target, code in codes.items():
-        code = _restore_imports(code, needs[target])
-        texts[target] = f"{header}\n\n{code}\n"
-    return texts, warnings
+    texts, origins = {}, {}
+    for target, (code, lines) in joined.items():
+        restored = _restore_imports(code, needs[target])
+        added = restored.count("\n") - code.count("\n")  # imports that no cell held, put after the first imports
+        position = _import_position(code)
+        texts[target] = f"{header}\n\n{restored}\n"
+        origins[target] = [None, None] + lines[:position] + [None] * added + lines[position:]
+    return texts, warnings, origins
+
+
+def _join_cells(cells: list[ExportCell]) -> tuple[str, LineOrigins]:
+    """The cells' code, two blank lines apart and without blank lines at either end, and its line origins."""
+    lines: list[str] = []
+    origins: LineOrigins = []
+    for cell in cells:
+        source = cell.source.split("\n")
+        start, end = 0, len(source)
+        while start < end and not source[start]:
+            start += 1
+        while end > start and not source[end - 1]:
+            end -= 1
+        if lines:
+            lines += ["", ""]
+            origins += [None, None]
+        lines += source[start:end]
+        origins += [(cell, number + 1) for number in range(start, end)]
+    return "\n".join(lines), origins
 
 
 def _display_path(path: Path) -> str:
@@ -131,7 +164,7 @@ def export(notebook: Path, module: str, package: Path = PACKAGE_DIR) -> ExportRe
     Refuses (:class:`NotebookError`, nothing written) when the code does not compile,
     or when the package with it does not import.
     """
-    texts, warnings = export_texts(notebook, module, package)
+    texts, warnings, origins = _exported_files(notebook, module, package)
     for target, text in texts.items():
         try:
             compile(text, str(target_path(target, package)), "exec", dont_inherit=True)
@@ -139,7 +172,8 @@ def export(notebook: Path, module: str, package: Path = PACKAGE_DIR) -> ExportRe
             raise NotebookError(f"the exported {target}.py would not compile (line {error.lineno}: {error.msg})") from None
     problem = import_check(texts, package)
     if problem:
-        raise NotebookError(f"not exported: with this code, the package does not import:\n{problem}")
+        where = _origin_of_failure(problem, notebook, origins)
+        raise NotebookError(f"with this code, the package does not import{where}:\n{problem}")
     backups = _backup_folder(module, package)
     (backups / "reference").mkdir(parents=True, exist_ok=True)
     (backups / "previous").mkdir(parents=True, exist_ok=True)
@@ -157,6 +191,18 @@ def export(notebook: Path, module: str, package: Path = PACKAGE_DIR) -> ExportRe
         written.append(path)
     importlib.invalidate_caches()
     return ExportResult(module, written, backups, warnings)
+
+
+def _origin_of_failure(traceback: str, notebook: Path, origins: dict[str, LineOrigins]) -> str:
+    """", raised in <notebook> cell N, line L" for the last line of the exported code in ``traceback``."""
+    found = ""
+    for match in re.finditer(r'File "(?:[^"]*/)?tinytrain/([\w/]+)\.py", line (\d+)', traceback):
+        lines = origins.get(match[1], [])
+        line = int(match[2])
+        if 0 < line <= len(lines) and lines[line - 1] is not None:
+            cell, number = lines[line - 1]
+            found = f", raised in {_display_path(notebook)} {cell.label}, line {number}"
+    return found
 
 
 def import_check(texts: dict[str, str], package: Path = PACKAGE_DIR, timeout: float = 120) -> str | None:

@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from tinytrain.course.checks import check_info
-from tinytrain.course.inventory import UnknownModule, graded_test_files
+from tinytrain.course.diagnose import Blame, blame
+from tinytrain.course.inventory import UnknownModule, graded_test_files, module_of_test_file
 from tinytrain.course.notebooks import NotebookError
 from tinytrain.course.overlay import overlay
 
@@ -32,6 +33,7 @@ class CheckResult:
     hint: str
     message: str = ""
     doc: str = ""
+    cause: Blame | None = None  # another module's exported (student) code that raised the failure
 
     @property
     def earned(self) -> int:
@@ -39,7 +41,8 @@ class CheckResult:
 
     def as_dict(self) -> dict[str, Any]:
         return {"name": self.name, "nodeid": self.nodeid, "outcome": self.outcome, "points": self.points,
-                "earned": self.earned, "hint": self.hint, "message": self.message, "doc": self.doc}
+                "earned": self.earned, "hint": self.hint, "message": self.message, "doc": self.doc,
+                "cause": None if self.cause is None else str(self.cause)}
 
 
 @dataclass
@@ -86,6 +89,15 @@ class Collector:
     def pytest_collectreport(self, report: Any) -> None:
         if report.failed:
             self.errors.append(f"collecting {report.nodeid or 'the checks'} failed:\n{_text(report)}")
+
+    def pytest_runtest_makereport(self, item: Any, call: Any) -> None:
+        """Note when a failure was raised in another module's exported code (a knock-on failure)."""
+        result = self.results.get(item.nodeid)
+        if result is None or result.cause is not None or call.excinfo is None:
+            return
+        culprit = blame(call.excinfo.value)
+        if culprit is not None and culprit.module != module_of_test_file(item.path):
+            result.cause = culprit
 
     def pytest_runtest_logreport(self, report: Any) -> None:
         result = self.results.get(report.nodeid)

@@ -32,8 +32,9 @@ import numpy as np
 
 import tinytrain as tt
 from tinytrain.callbacks import Callback, CSVLogger, ModelCheckpoint
-from tinytrain.serialization import atomic_write
+from tinytrain.course.diagnose import blame, exported_stubs, reset_advice
 from tinytrain.data import DataLoader, TensorDataset
+from tinytrain.serialization import atomic_write
 
 SETTINGS_FILE = "settings.toml"
 CHECKPOINTS = "checkpoints"
@@ -322,7 +323,8 @@ def run(milestone: Milestone, settings: Settings, resume: bool = False, stop_aft
                  ModelCheckpoint(checkpoints, keep_last=1, monitor="eval_accuracy")] if writer else []
     target = settings.epochs if stop_after is None else min(settings.epochs, trainer.epoch + stop_after)
     start = time.perf_counter()
-    trainer.fit(train_loader, val_loader, epochs=target, callbacks=callbacks)
+    trainer.fit(train_loader, val_loader, epochs=target, callbacks=callbacks,
+                accumulation_steps=settings.accumulation_steps)
     seconds = time.perf_counter() - start
     if not writer:
         pass
@@ -358,7 +360,17 @@ def main(name: str, argv: Sequence[str] | None = None) -> int:
         sys.stdout = open(os.devnull, "w")  # one rank prints: they all compute the same numbers
     print(f"tinytrain milestone {name}: {milestone.description} on {settings.dataset}, "
           f"{settings.epochs} epochs, outputs in {settings.out}")
-    result = run(milestone, settings, resume=args.resume, stop_after=args.stop_after, distributed=args.distributed)
+    for module, stubs in exported_stubs().items():
+        print(f"warning: your exported module {module} still has stubs ({', '.join(stubs)}); the run fails if it "
+              f"calls them. {reset_advice(module)}", file=sys.stderr)
+    try:
+        result = run(milestone, settings, resume=args.resume, stop_after=args.stop_after, distributed=args.distributed)
+    except Exception as error:
+        culprit = blame(error)
+        if culprit is None:
+            raise
+        raise SystemExit(f"the milestone failed in {culprit}: {type(error).__name__}: {error}\n"
+                         f"{reset_advice(culprit.module)}") from None
     if result["epochs_done"] < settings.epochs:
         print(f"stopped after epoch {result['epochs_done']} of {settings.epochs}; "
               f"continue with --resume --out {settings.out}")

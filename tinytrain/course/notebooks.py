@@ -16,6 +16,9 @@ from pathlib import Path
 
 from tinytrain.course.inventory import PACKAGE_DIR, installed_modules
 
+# The stub the build puts in place of a solution region.
+STUB = re.compile(r'raise NotImplementedError\("(\w+): your code here"\)')
+
 class NotebookError(Exception):
     """A notebook the grader cannot use: missing, malformed, a syntax error in a cell, ..."""
 
@@ -127,9 +130,11 @@ def find_notebook(path: str | os.PathLike, module: str) -> Path:
     return path
 
 
+def stubs_in(code: str) -> list[str]:
+    """The functions whose unfilled stub (``raise NotImplementedError("f: your code here")``) ``code`` holds."""
+    return list(dict.fromkeys(STUB.findall(code)))
+
+
 def stubbed_functions(notebook: Path) -> list[str]:
-    """Functions whose export cells still hold the unfilled stub (``raise NotImplementedError(...)``)."""
-    found = []
-    for cell in read_export_cells(notebook):
-        found += re.findall(r'raise NotImplementedError\("(\w+): your code here"\)', cell.source)
-    return list(dict.fromkeys(found))
+    """Functions whose export cells still hold the unfilled stub."""
+    return stubs_in("\n".join(cell.source for cell in read_export_cells(notebook)))
