@@ -176,6 +176,16 @@ def test_gradient_flows_back_through_to(device, other_device):
     assert_values(x.grad, [2.0, 4.0, 6.0])
 
 
+def test_a_0d_tensor_moves_to_another_device_with_its_gradient(device, other_device):
+    """A 0-d result is wrapped into an array of the device it lands on, not of the one it left."""
+    x = tt.tensor(3.0, requires_grad=True, device=device)
+    y = x.to(other_device)
+    assert y.shape == () and y.device == tt.tensor(0.0, device=other_device).device
+    (y * y).backward()
+    assert x.grad.device == x.device
+    assert_values(x.grad, 6.0)
+
+
 def test_detach(device):
     x = tt.tensor([1.0, 2.0], requires_grad=True, device=device)
     d = (x * 2).detach()

@@ -74,10 +74,12 @@ class Function:
            raises ``ValueError`` (shapes that do not fit), raise a ``ValueError`` that
            names the operation and the shape of every input, e.g. ``"MatMul of tensors
            with shapes (2, 3) and (4,): ..."``. NumPy returns a scalar, not an array,
-           for some 0-d results (``a.sum()``): wrap it with ``fn.xp.asarray``, since a
-           tensor always holds an array.
-        3. The result is ``inputs[0]._make(data, backend, requires_grad)`` (Module 01's
-           ``Tensor._make``) on ``fn.output_backend or fn.backend``. It requires grad
+           for some 0-d results (``a.sum()``): wrap a 0-d result with the ``xp.asarray``
+           of the result's backend (below), since a tensor always holds an array.
+        3. The result's backend is ``fn.output_backend or fn.backend`` (only a move to
+           another device sets ``output_backend``); the result is
+           ``inputs[0]._make(data, that_backend, requires_grad)`` (Module 01's
+           ``Tensor._make``). It requires grad
            when recording is on and any input requires grad; only then it gets
            ``_ctx = fn``, and ``fn`` gets ``inputs`` (the tensors) and
            ``sequence = next(_creation_order)``.
@@ -90,15 +92,16 @@ class Function:
         except ValueError as error:
             shapes = " and ".join(str(t.shape) for t in inputs)
             raise ValueError(f"{cls.__name__} of tensors with shapes {shapes}: {error}") from error
+        out_backend = fn.output_backend or backend
         if data.ndim == 0:  # NumPy returns scalars for 0-d results; tensors hold arrays
-            data = fn.xp.asarray(data)
+            data = out_backend.xp.asarray(data)
         requires_grad = False
         if _grad_enabled:
             for t in inputs:
                 if t.requires_grad:
                     requires_grad = True
                     break
-        out = inputs[0]._make(data, fn.output_backend or backend, requires_grad)
+        out = inputs[0]._make(data, out_backend, requires_grad)
         if requires_grad:
             fn.inputs = inputs
             fn.sequence = next(_creation_order)

@@ -135,7 +135,8 @@ def _import_when_called(path: str) -> Callable[[str], Backend]:
 def parse_device(device: str) -> tuple[str, int | None]:
     """Split ``"cuda:1"`` into ``("cuda", 1)``; ``"cpu"`` into ``("cpu", None)``.
 
-    Raises ``ValueError`` for a malformed name or an unknown kind of device.
+    Raises ``TypeError`` when ``device`` is not a string, and ``ValueError`` for a
+    malformed name or an unknown kind of device (naming the known kinds).
     """
     if not isinstance(device, str):
         raise TypeError(f"a device is a string such as 'cpu' or 'cuda:0', got {device!r}")

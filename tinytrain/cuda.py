@@ -78,7 +78,12 @@ class DrawCounter:
         return {"generator": GENERATOR, "seed": self.seed, "draws": self.draws}
 
     def load_state(self, state: Any) -> None:
-        """Restore what :meth:`state` returned; ``ValueError`` (naming what was given) for anything else."""
+        """Restore what :meth:`state` returned.
+
+        A state is ``{"generator": GENERATOR, "seed": int, "draws": int}`` with a
+        seed and a draw count >= 0. Anything else raises ``ValueError`` naming both
+        what was expected (the generator's name) and what was given.
+        """
         valid = (
             isinstance(state, dict)
             and state.get("generator") == GENERATOR
@@ -252,7 +257,8 @@ class CupyBackend(Backend):
         return self._cupy.asarray(array)
 
     def to_host(self, array: Any) -> np.ndarray:
-        """A NumPy copy of ``array``, which must live on this GPU (``TypeError`` otherwise)."""
+        """A NumPy copy of ``array``, which must live on this GPU; otherwise ``TypeError``
+        naming this backend's device (``'cuda:1'``) and where the array lives."""
         if not self.is_array(array):
             where = getattr(array, "device", type(array).__name__)
             raise TypeError(f"to_host of {self.device!r} takes an array of that GPU, got one of {where!r}")

@@ -163,11 +163,13 @@ class NumpyBackend(Backend):
 # %% [markdown]
 # ### Device names and the registry
 #
-# `parse_device("cuda")` returns `("cuda", 0)`, `parse_device("cpu")` returns
-# `("cpu", None)`. `get_backend(device)` normalises the name (`"cuda"` →
-# `"cuda:0"`), creates the backend the first time it is asked for, and returns the
-# **same object** every later time — so two tensors are on the same device exactly
-# when `a._backend is b._backend`, a check that costs nothing.
+# `parse_device("cuda:1")` returns `("cuda", 1)`; a name without an index has
+# index `None`: `parse_device("cuda")` is `("cuda", None)`, `parse_device("cpu")`
+# is `("cpu", None)`. `get_backend(device)` normalises the name (`"cuda"` and
+# `"cuda:0"` are both `"cuda:0"`; there is one CPU, `"cpu"`), creates the backend
+# the first time it is asked for, and returns the **same object** every later
+# time — so two tensors are on the same device exactly when
+# `a._backend is b._backend`, a check that costs nothing.
 #
 # An unknown device must fail loudly and say what *is* available.
 
@@ -200,7 +202,8 @@ def _import_when_called(path: str) -> Callable[[str], Backend]:
 def parse_device(device: str) -> tuple[str, int | None]:
     """Split ``"cuda:1"`` into ``("cuda", 1)``; ``"cpu"`` into ``("cpu", None)``.
 
-    Raises ``ValueError`` for a malformed name or an unknown kind of device.
+    Raises ``TypeError`` when ``device`` is not a string, and ``ValueError`` for a
+    malformed name or an unknown kind of device (naming the known kinds).
     """
     ### BEGIN SOLUTION
     if not isinstance(device, str):

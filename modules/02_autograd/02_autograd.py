@@ -147,10 +147,12 @@ class Function:
            raises ``ValueError`` (shapes that do not fit), raise a ``ValueError`` that
            names the operation and the shape of every input, e.g. ``"MatMul of tensors
            with shapes (2, 3) and (4,): ..."``. NumPy returns a scalar, not an array,
-           for some 0-d results (``a.sum()``): wrap it with ``fn.xp.asarray``, since a
-           tensor always holds an array.
-        3. The result is ``inputs[0]._make(data, backend, requires_grad)`` (Module 01's
-           ``Tensor._make``) on ``fn.output_backend or fn.backend``. It requires grad
+           for some 0-d results (``a.sum()``): wrap a 0-d result with the ``xp.asarray``
+           of the result's backend (below), since a tensor always holds an array.
+        3. The result's backend is ``fn.output_backend or fn.backend`` (only a move to
+           another device sets ``output_backend``); the result is
+           ``inputs[0]._make(data, that_backend, requires_grad)`` (Module 01's
+           ``Tensor._make``). It requires grad
            when recording is on and any input requires grad; only then it gets
            ``_ctx = fn``, and ``fn`` gets ``inputs`` (the tensors) and
            ``sequence = next(_creation_order)``.
@@ -164,15 +166,16 @@ class Function:
         except ValueError as error:
             shapes = " and ".join(str(t.shape) for t in inputs)
             raise ValueError(f"{cls.__name__} of tensors with shapes {shapes}: {error}") from error
+        out_backend = fn.output_backend or backend
         if data.ndim == 0:  # NumPy returns scalars for 0-d results; tensors hold arrays
-            data = fn.xp.asarray(data)
+            data = out_backend.xp.asarray(data)
         requires_grad = False
         if _grad_enabled:
             for t in inputs:
                 if t.requires_grad:
                     requires_grad = True
                     break
-        out = inputs[0]._make(data, fn.output_backend or backend, requires_grad)
+        out = inputs[0]._make(data, out_backend, requires_grad)
         if requires_grad:
             fn.inputs = inputs
             fn.sequence = next(_creation_order)
@@ -330,11 +333,11 @@ class Pow(Function):
 x = tt.tensor(3.0, requires_grad=True)
 y = tt.tensor(4.0, requires_grad=True)
 mul = Mul()
-mul.inputs = (x, y)
+mul.backend, mul.inputs = x._backend, (x, y)
 mul.forward(x.data, y.data)
 assert mul.backward(np.float32(1.0)) == (4.0, 3.0)
 add = Add()
-add.inputs = (tt.ones(2, 3, requires_grad=True), tt.ones(3, requires_grad=True))
+add.backend, add.inputs = x._backend, (tt.ones(2, 3, requires_grad=True), tt.ones(3, requires_grad=True))
 add.forward(np.ones((2, 3)), np.ones(3))
 grad_a, grad_b = add.backward(np.ones((2, 3)))
 assert grad_a.shape == (2, 3) and grad_b.shape == (3,) and (grad_b == 2).all()
@@ -477,7 +480,7 @@ s.backend = tt.get_backend("cpu")
 s.forward(a.data, axis=(0,), keepdims=False)
 assert s.backward(np.array([1.0, 2.0, 3.0]))[0].tolist() == [[1, 2, 3], [1, 2, 3]]
 t = Transpose()
-t.inputs = (tt.zeros(2, 3, 4, requires_grad=True),)
+t.backend, t.inputs = tt.get_backend("cpu"), (tt.zeros(2, 3, 4, requires_grad=True),)
 t.forward(np.zeros((2, 3, 4)), axes=(1, 2, 0))
 assert t.backward(np.zeros((3, 4, 2)))[0].shape == (2, 3, 4)
 print("reductions OK")

@@ -130,7 +130,11 @@ class Module:
 
     # -- registration --------------------------------------------------------------
     def __setattr__(self, name: str, value: Any) -> None:
-        """Register ``Parameter`` and ``Module`` values; keep buffers up to date."""
+        """Register ``Parameter`` and ``Module`` values; keep buffers up to date.
+
+        Assigning anything before ``Module.__init__`` ran (the registries do not
+        exist yet) raises ``AttributeError`` telling to call ``super().__init__()`` first.
+        """
         ### BEGIN SOLUTION
         if "_parameters" not in self.__dict__:
             raise AttributeError(
@@ -283,7 +287,8 @@ class Module:
 
     # -- saving and loading -----------------------------------------------------------------
     def state_dict(self) -> dict[str, Tensor]:
-        """Every parameter and buffer by dotted name: detached *copies*, on their device.
+        """Every parameter and buffer by dotted name: detached *copies*, on their device;
+        first every parameter (in ``named_parameters()`` order), then every buffer.
 
         Unlike PyTorch, which hands out references, the copies do not change when
         training goes on, so ``best = model.state_dict()`` keeps the best weights.
@@ -301,7 +306,7 @@ class Module:
         Values are copied into the existing arrays, so they keep their device and
         dtype and share no memory with ``state``. Raises ``RuntimeError`` listing
         every missing key and every unexpected key (unless ``strict=False``) and
-        every shape mismatch (always); nothing is copied when it raises.
+        every shape mismatch with both shapes (always); nothing is copied when it raises.
         """
         ### BEGIN SOLUTION
         own = dict(self.named_parameters() + self.named_buffers())
@@ -499,7 +504,7 @@ print("to(device) OK")
 # $\sqrt 3 \cdot \sqrt{1/3}/\sqrt n = 1/\sqrt{n}$, so
 # $\operatorname{Var}(w) = 1/(3n)$: each layer shrinks the variance by 3 (a
 # historical default that PyTorch keeps for compatibility). The bias uses the same
-# bound. We match PyTorch, and section 6 shows what this does to a deep network.
+# bound. We match PyTorch, and section 5 shows what this does to a deep network.
 #
 # ### Memory order
 #
@@ -784,7 +789,11 @@ class LogSoftmax(Softmax):
 
 
 class Flatten(Module):
-    """``(N, d1, d2, ...) -> (N, d1 * d2 * ...)``: keeps the batch axis, flattens the rest."""
+    """``(N, d1, d2, ...) -> (N, d1 * d2 * ...)``: keeps the batch axis, flattens the rest.
+
+    Works for an empty batch too (``N = 0``), where ``reshape(N, -1)`` cannot tell
+    the size of the rest: compute it as the product of ``d1, d2, ...``.
+    """
 
     def forward(self, x: Tensor) -> Tensor:
         ### BEGIN SOLUTION

@@ -263,7 +263,9 @@ print("-log_softmax: ", fused.item(), " gradient:", logits.grad.numpy())
 #   $\operatorname{softmax}(z)$ (one $N \times C$ array) for backward — it is
 #   `exp(z - m)` divided by its row sum, both already computed;
 # * **backward**: `probs * g`, then subtract `g` at each row's target column,
-#   where `g` is the gradient of each sample's loss (`_unreduce`).
+#   where `g` is the gradient of each sample's loss (`_unreduce`): one number for
+#   "mean" and "sum", a vector of $N$ for "none" — make it an $N \times 1$
+#   column (`g[:, None]`) so that it scales each row of `probs`.
 #
 # For probability targets $q$ (an $N \times C$ float array), the per-row loss is
 # $\log\sum_j e^{z_{ij}-m} \cdot \sum_c q_{ic} - \sum_c q_{ic}(z_{ic} - m)$ and
@@ -436,7 +438,8 @@ print("cross_entropy OK")
 # $-100$, so one element costs at most 100, and clamps the denominator
 # $p(1-p)$ of the gradient below at $10^{-12}$. We do the same, and avoid even
 # computing $\log 0$ (NumPy would warn) by taking the log of
-# $\max(p, \text{smallest positive float})$: that is about $-103$ in float32 and
+# $\max(p, \text{smallest positive float})$ (the smallest subnormal,
+# `np.finfo(dtype).smallest_subnormal`): that is about $-103$ in float32 and
 # $-744$ in float64, both then clamped to $-100$. Inputs outside $[0, 1]$ are not
 # probabilities, so they raise.
 #

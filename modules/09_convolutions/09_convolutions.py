@@ -443,8 +443,10 @@ buffers = BufferCache(max_bytes=0 if allocator.in_effect() else 128 << 20)
 # weight gradient needs them) and the weight (the input gradient needs it).
 # Backward: the three rules above, each only for an input that needs a gradient
 # (the images fed to the first layer never do — skipping them saves a product
-# and the whole col2im). Take the columns, the result, the gradient of the
-# columns and col2im's zeros from `buffers`.
+# and the whole col2im). Plain `xp.empty`/`xp.zeros` for the columns, the
+# result, the gradient of the columns and col2im's zeros are fine; the reference
+# takes them from `buffers` instead (`buffers.empty(xp, shape, dtype)`, same
+# arguments), which section 8 measures.
 #
 # * $\bar A$: `xp.matmul(g, cols.transpose(0, 2, 1))` gives one $(O, C k_H k_W)$
 #   matrix per image; sum them over the batch axis.
@@ -539,7 +541,8 @@ def conv2d(x: Tensor, weight: Tensor, bias: Tensor | None = None, stride: Any = 
     ``stride`` (>= 1) and ``padding`` (>= 0, zeros) are ints or (height, width) pairs.
     Returns (N, O, H_out, W_out) with ``H_out = (H + 2 * padding - kH) // stride + 1``.
     Raises ``ValueError`` naming the shapes for a non-4-D input or weight, a channel
-    mismatch, a bias of the wrong shape, or an input smaller than the kernel.
+    mismatch, a bias of the wrong shape, or an input that, padded, is smaller than
+    the kernel (name the kernel as ``kHxkW``, e.g. ``3x3``).
     """
     if b is not None:
         if bias is not None:

@@ -401,7 +401,12 @@ class DrawCounter:
         ### END SOLUTION
 
     def load_state(self, state: Any) -> None:
-        """Restore what :meth:`state` returned; ``ValueError`` (naming what was given) for anything else."""
+        """Restore what :meth:`state` returned.
+
+        A state is ``{"generator": GENERATOR, "seed": int, "draws": int}`` with a
+        seed and a draw count >= 0. Anything else raises ``ValueError`` naming both
+        what was expected (the generator's name) and what was given.
+        """
         ### BEGIN SOLUTION
         valid = (
             isinstance(state, dict)
@@ -690,7 +695,8 @@ class CupyBackend(Backend):
         ### END SOLUTION
 
     def to_host(self, array: Any) -> np.ndarray:
-        """A NumPy copy of ``array``, which must live on this GPU (``TypeError`` otherwise)."""
+        """A NumPy copy of ``array``, which must live on this GPU; otherwise ``TypeError``
+        naming this backend's device (``'cuda:1'``) and where the array lives."""
         ### BEGIN SOLUTION
         if not self.is_array(array):
             where = getattr(array, "device", type(array).__name__)

@@ -15,13 +15,14 @@ student typed in place of the stub::
 
 A body replaces exactly the stub (``# YOUR CODE HERE`` and its ``raise
 NotImplementedError``), so it may use the names the given code around the stub
-defines; a docstring on it is dropped (the notebook keeps its own). Every stub
+defines, and define helper functions of its own; a docstring on it is dropped
+(the notebook keeps its own). Every stub
 needs a solution and every solution a stub, or :class:`FillError` says which.
 
 :func:`reference_bodies` reads the same from a module source's solution regions,
 so the reference itself, or a changed copy of it, can be filled in the same way.
 
-    python -m tinytrain.course.solutions 03 FILE.py [--out DIR]   # DIR/03_activations.ipynb, filled
+    python -m tinytrain.course.solutions notebooks/03_activations.ipynb FILE.py [--out DIR]
 """
 from __future__ import annotations
 
@@ -44,7 +45,8 @@ class FillError(Exception):
 
 
 def _definitions(tree: ast.AST) -> list[tuple[str, ast.FunctionDef | ast.AsyncFunctionDef]]:
-    """Every function in ``tree`` with its qualified name (``Sigmoid.backward``, ``outer.inner``)."""
+    """Every function of ``tree`` that is not inside another function, with its qualified name
+    (``relu``, ``Sigmoid.backward``). A function defined inside one is part of its body."""
     found = []
 
     def visit(node: ast.AST, prefix: str) -> None:
@@ -53,7 +55,6 @@ def _definitions(tree: ast.AST) -> list[tuple[str, ast.FunctionDef | ast.AsyncFu
                 visit(child, f"{prefix}{child.name}.")
             elif isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 found.append((prefix + child.name, child))
-                visit(child, f"{prefix}{child.name}.")
             else:
                 visit(child, prefix)
 
@@ -95,13 +96,9 @@ def _stubs(source: str) -> list[tuple[str, int]]:
     lines = source.splitlines()
     found = []
     for name, node in _definitions(tree):
-        pending = list(node.body)
-        while pending:  # the function's own statements, not those of functions defined in it
-            statement = pending.pop()
+        for statement in ast.walk(node):
             if isinstance(statement, ast.Raise) and _STUB.match(lines[statement.lineno - 1]):
                 found.append((name, statement.lineno - 1))
-            if not isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-                pending += [child for child in ast.iter_child_nodes(statement) if isinstance(child, ast.stmt)]
     return found
 
 

@@ -200,7 +200,8 @@ def conv2d(x: Tensor, weight: Tensor, bias: Tensor | None = None, stride: Any = 
     ``stride`` (>= 1) and ``padding`` (>= 0, zeros) are ints or (height, width) pairs.
     Returns (N, O, H_out, W_out) with ``H_out = (H + 2 * padding - kH) // stride + 1``.
     Raises ``ValueError`` naming the shapes for a non-4-D input or weight, a channel
-    mismatch, a bias of the wrong shape, or an input smaller than the kernel.
+    mismatch, a bias of the wrong shape, or an input that, padded, is smaller than
+    the kernel (name the kernel as ``kHxkW``, e.g. ``3x3``).
     """
     if b is not None:
         if bias is not None:

@@ -197,7 +197,11 @@ class LogSoftmax(Softmax):
 
 
 class Flatten(Module):
-    """``(N, d1, d2, ...) -> (N, d1 * d2 * ...)``: keeps the batch axis, flattens the rest."""
+    """``(N, d1, d2, ...) -> (N, d1 * d2 * ...)``: keeps the batch axis, flattens the rest.
+
+    Works for an empty batch too (``N = 0``), where ``reshape(N, -1)`` cannot tell
+    the size of the rest: compute it as the product of ``d1, d2, ...``.
+    """
 
     def forward(self, x: Tensor) -> Tensor:
         if x.ndim == 0:

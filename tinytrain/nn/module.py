@@ -58,7 +58,11 @@ class Module:
 
     # -- registration --------------------------------------------------------------
     def __setattr__(self, name: str, value: Any) -> None:
-        """Register ``Parameter`` and ``Module`` values; keep buffers up to date."""
+        """Register ``Parameter`` and ``Module`` values; keep buffers up to date.
+
+        Assigning anything before ``Module.__init__`` ran (the registries do not
+        exist yet) raises ``AttributeError`` telling to call ``super().__init__()`` first.
+        """
         if "_parameters" not in self.__dict__:
             raise AttributeError(
                 f"cannot assign {name!r} before Module.__init__() ran: call super().__init__() first "
@@ -203,7 +207,8 @@ class Module:
 
     # -- saving and loading -----------------------------------------------------------------
     def state_dict(self) -> dict[str, Tensor]:
-        """Every parameter and buffer by dotted name: detached *copies*, on their device.
+        """Every parameter and buffer by dotted name: detached *copies*, on their device;
+        first every parameter (in ``named_parameters()`` order), then every buffer.
 
         Unlike PyTorch, which hands out references, the copies do not change when
         training goes on, so ``best = model.state_dict()`` keeps the best weights.
@@ -219,7 +224,7 @@ class Module:
         Values are copied into the existing arrays, so they keep their device and
         dtype and share no memory with ``state``. Raises ``RuntimeError`` listing
         every missing key and every unexpected key (unless ``strict=False``) and
-        every shape mismatch (always); nothing is copied when it raises.
+        every shape mismatch with both shapes (always); nothing is copied when it raises.
         """
         own = dict(self.named_parameters() + self.named_buffers())
         missing = [name for name in own if name not in state]

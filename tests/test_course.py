@@ -1,0 +1,178 @@
+"""The course test: the whole course runs on independent students' code.
+
+``tests/course/solutions/NN_name.py`` holds a solution for every function each
+module asks for, written from the lesson text and docstrings alone, plainly,
+without the reference's optimisations. In a scratch copy of the project (first
+on ``PYTHONPATH`` of every command, so this checkout is never touched), module
+by module in order, like a student:
+
+1. fill the student notebook with the solution and run it top to bottom: its
+   inline checks pass on the student's code, on top of the modules exported so far;
+2. ``tinytrain grade NN --notebook``: full marks;
+3. ``tinytrain export NN``; then ``tinytrain status``: every module's graded
+   checks pass on the installed code -- the student's for this module and the
+   earlier ones, the reference for the later ones, which so run on the student's;
+4. run every later module's reference notebook on the student's library.
+
+Then, on the all-student library, both milestones pass on Digits, including
+``--precision 16-mixed`` (in float16: its losses are not float32's),
+``--accumulation-steps 4`` (the same weights as a four times larger batch) and,
+where ``mpirun`` is available, ``--distributed``. A stage runs only when the
+ones before it passed (a later failure would be a knock-on).
+"""
+from __future__ import annotations
+
+import csv
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+nbformat = pytest.importorskip("nbformat")
+pytest.importorskip("nbclient")
+build = pytest.importorskip("tinytrain.course.build")
+
+from tinytrain.course.solutions import fill, solution_bodies  # noqa: E402
+from tinytrain.serialization import read_checkpoint  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+SOLUTIONS = ROOT / "tests" / "course" / "solutions"
+SOURCES = build.module_sources(ROOT)
+MODULES = [source.stem for source in SOURCES]
+
+pytestmark = pytest.mark.slow
+
+
+class Course:
+    """A scratch copy of the project where a student works through the modules."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        for name in ("tinytrain", "modules", "notebooks", "milestones"):
+            shutil.copytree(ROOT / name, folder / name, ignore=shutil.ignore_patterns("__pycache__", ".tinytrain-backup"))
+        shutil.copytree(ROOT / "tests" / "graded", folder / "tests" / "graded",
+                        ignore=shutil.ignore_patterns("__pycache__"))
+        shutil.copy(ROOT / "pyproject.toml", folder)
+        (folder / "students").mkdir()
+        self.env = {**os.environ, "PYTHONPATH": str(folder), "OPENBLAS_NUM_THREADS": "1"}
+        self.env.pop("TINYTRAIN_STUDENT_NOTEBOOK", None)
+        self.passed: list[str] = []  # the stages done
+
+    def run(self, *command: str, timeout: float = 600) -> subprocess.CompletedProcess:
+        result = subprocess.run(command, cwd=self.folder, env=self.env, capture_output=True, text=True,
+                                timeout=timeout)
+        return result
+
+    def tinytrain(self, *args: str) -> subprocess.CompletedProcess:
+        return self.run(sys.executable, "-m", "tinytrain", *args)
+
+    def execute(self, notebooks: list[Path]) -> subprocess.CompletedProcess:
+        return self.run(sys.executable, str(ROOT / "tests" / "course" / "run_notebooks.py"), *map(str, notebooks))
+
+    def milestone(self, name: str, *options: str) -> subprocess.CompletedProcess:
+        return self.run(sys.executable, f"milestones/{name}.py", *options)
+
+
+@pytest.fixture(scope="module")
+def course(tmp_path_factory: pytest.TempPathFactory) -> Course:
+    return Course(tmp_path_factory.mktemp("course"))
+
+
+def _require(course: Course, stages: list[str]) -> None:
+    missing = [stage for stage in stages if stage not in course.passed]
+    if missing:
+        pytest.skip(f"needs the stages before it, which did not pass: {', '.join(missing)}")
+
+
+def test_every_module_has_a_students_solution() -> None:
+    assert sorted(path.stem for path in SOLUTIONS.glob("[0-9][0-9]_*.py")) == MODULES
+
+
+@pytest.mark.parametrize("module", MODULES)
+def test_module_on_the_students_library(course: Course, module: str) -> None:
+    _require(course, MODULES[: MODULES.index(module)])
+    notebook = course.folder / "students" / f"{module}.ipynb"
+    student = nbformat.read(ROOT / "notebooks" / f"{module}.ipynb", as_version=4)
+    nbformat.write(fill(student, solution_bodies(SOLUTIONS / f"{module}.py")), notebook)
+
+    ran = course.execute([notebook])
+    assert ran.returncode == 0, f"the student's notebook stops:\n{ran.stdout[-4000:]}"
+    graded = course.tinytrain("grade", module[:2], "--notebook", str(notebook), "--json")
+    report = json.loads(graded.stdout)
+    failed = [f"{check['name']}: {check['message']}" for check in report["checks"] if check["outcome"] != "passed"]
+    assert report["earned"] == report["possible"] > 0 and not report["errors"], (failed, report["errors"])
+    exported = course.tinytrain("export", module[:2], "--notebook", str(notebook))
+    assert exported.returncode == 0, exported.stderr
+
+    status = json.loads(course.tinytrain("status", "--json").stdout)
+    rows = {row["module"]: row for row in status["modules"]}
+    assert all(rows[name]["code"].startswith("student") for name in MODULES[: MODULES.index(module) + 1])
+    failing = {name: row["checks"] for name, row in rows.items() if not row["checks"].endswith("all pass")}
+    assert failing == {} and status["advice"] == [], (failing, status["advice"])
+
+    later = []
+    for source in SOURCES[MODULES.index(module) + 1:]:
+        later.append(course.folder / "students" / f"{source.stem}-reference-after-{module[:2]}.ipynb")
+        nbformat.write(build.reference_notebook(source), later[-1])
+    if later:
+        ran = course.execute(later)
+        assert ran.returncode == 0, f"a later module's reference notebook fails on the student's code:\n{ran.stdout[-4000:]}"
+    course.passed.append(module)
+
+
+def _losses(run: Path) -> list[float]:
+    with open(run / "log.csv", newline="") as file:
+        return [float(row["train_loss"]) for row in csv.DictReader(file)]
+
+
+def _weights(run: Path) -> dict[str, np.ndarray]:
+    return read_checkpoint(sorted((run / "checkpoints").glob("epoch-*.pkl"))[-1])["model"]
+
+
+@pytest.mark.parametrize("name", ["mlp", "cnn"])
+def test_milestone_passes_on_the_all_student_library(course: Course, name: str) -> None:
+    _require(course, MODULES)
+    result = course.milestone(name, "--out", f"runs/{name}")
+    assert result.returncode == 0 and "PASS" in result.stdout, result.stdout[-2000:] + result.stderr[-2000:]
+
+
+def test_16_mixed_trains_in_float16_on_the_all_student_library(course: Course) -> None:
+    _require(course, MODULES)
+    options = ("--epochs", "4", "--warmup", "0")
+    float32 = course.milestone("mlp", *options, "--out", "runs/float32")
+    mixed = course.milestone("mlp", *options, "--precision", "16-mixed", "--out", "runs/mixed")
+    assert float32.returncode in (0, 1) and mixed.returncode in (0, 1), float32.stderr + mixed.stderr
+    a, b = _losses(course.folder / "runs/float32"), _losses(course.folder / "runs/mixed")
+    assert a != b, "16-mixed gave float32's losses: it did not compute in float16"
+    np.testing.assert_allclose(a, b, rtol=0.05)  # but it trains the same model
+    assert all(w.dtype == np.float32 for w in _weights(course.folder / "runs/mixed").values()), "float32 masters"
+
+
+def test_accumulation_equals_a_four_times_larger_batch_on_the_all_student_library(course: Course) -> None:
+    _require(course, MODULES)
+    options = ("--epochs", "2", "--warmup", "0")
+    accumulated = course.milestone("mlp", *options, "--batch-size", "16", "--accumulation-steps", "4",
+                                   "--out", "runs/accumulated")
+    big = course.milestone("mlp", *options, "--batch-size", "64", "--out", "runs/big")
+    assert accumulated.returncode in (0, 1) and big.returncode in (0, 1), accumulated.stderr + big.stderr
+    a, b = _weights(course.folder / "runs/accumulated"), _weights(course.folder / "runs/big")
+    for key in b:
+        np.testing.assert_allclose(a[key], b[key], rtol=1e-4, atol=1e-6, err_msg=key)
+
+
+def test_distributed_milestone_on_the_all_student_library(course: Course) -> None:
+    _require(course, MODULES)
+    if importlib.util.find_spec("mpi4py") is None:
+        pytest.skip("mpi4py is not installed (pip install mpi4py mpich)")
+    beside_python = Path(sys.executable).parent / "mpirun"  # pip's mpich wheel puts it there
+    mpirun = shutil.which("mpirun") or shutil.which("mpiexec") or (str(beside_python) if beside_python.exists() else None)
+    if mpirun is None:
+        pytest.skip("no mpirun/mpiexec on PATH (pip install mpich)")
+    result = course.run(mpirun, "-n", "2", sys.executable, "milestones/mlp.py", "--distributed", "--out", "runs/mpi")
+    assert result.returncode == 0 and "PASS" in result.stdout, result.stdout[-2000:] + result.stderr[-2000:]
