@@ -176,3 +176,17 @@ def test_distributed_milestone_on_the_all_student_library(course: Course) -> Non
         pytest.skip("no mpirun/mpiexec on PATH (pip install mpich)")
     result = course.run(mpirun, "-n", "2", sys.executable, "milestones/mlp.py", "--distributed", "--out", "runs/mpi")
     assert result.returncode == 0 and "PASS" in result.stdout, result.stdout[-2000:] + result.stderr[-2000:]
+
+
+def test_mlp_milestone_on_the_strict_device_resumes_exactly_on_the_all_student_library(course: Course) -> None:
+    """The strict device refuses what a GPU refuses: every host/device leak in the student's code fails here."""
+    _require(course, MODULES)
+    options = ("--device", "strict", "--epochs", "3", "--warmup", "0")
+    straight = course.milestone("mlp", *options, "--out", "runs/strict")
+    first = course.milestone("mlp", *options, "--out", "runs/strict-resumed", "--stop-after", "2")
+    resumed = course.milestone("mlp", "--resume", "--out", "runs/strict-resumed")
+    for name, result in (("straight", straight), ("first half", first), ("resumed", resumed)):
+        assert result.returncode in (0, 1) and "Traceback" not in result.stderr, f"{name}: {result.stderr[-3000:]}"
+    a, b = _weights(course.folder / "runs/strict"), _weights(course.folder / "runs/strict-resumed")
+    for key in a:
+        np.testing.assert_array_equal(a[key], b[key], err_msg=key)

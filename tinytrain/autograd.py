@@ -181,7 +181,9 @@ def backward(tensor: Any, grad: Any = None, retain_graph: bool = False) -> None:
     """Accumulate d(tensor)/d(leaf), weighted by ``grad``, into every leaf's ``.grad``.
 
     ``grad`` defaults to 1 for a single-element ``tensor``; for any other shape
-    it must be given, with the tensor's shape.
+    it must be given, with the tensor's shape. A ``None`` from an operation's
+    ``backward`` gives that input nothing, whether or not it requires grad.
+    Re-entrant: an operation's ``backward`` may call ``backward`` itself.
     """
     if not tensor.requires_grad:
         raise RuntimeError("backward() on a tensor that does not require grad: no input had requires_grad=True, "

@@ -278,6 +278,7 @@ class SGD(Optimizer):
         ``g += weight_decay * param``; with momentum ``b = momentum * b + g`` (in
         place on ``state["momentum_buffer"]``) and ``d = g + momentum * b``
         (Nesterov) or ``d = b``; without, ``d = g``. Then ``param -= lr * d``.
+        Keeps no state but the momentum buffer (``memory_report`` counts all of it).
         """
         if self.weight_decay:
             decayed = param * self.weight_decay  # a new array: the caller's grad stays as it was
@@ -347,6 +348,7 @@ class Adam(Optimizer):
         ``v = state["exp_avg_sq"]`` in place (``m = b1 m + (1 - b1) g``,
         ``v = b2 v + (1 - b2) g^2``); then
         ``param -= lr * (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps)``.
+        Keeps no state but these three entries.
         """
         beta1, beta2 = self.betas
         state["step"] += 1

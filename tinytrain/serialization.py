@@ -182,7 +182,9 @@ def read_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
 
 
 def capture_rng_state() -> dict[str, Any]:
-    """The states of Python's, NumPy's global and every loaded tinytrain backend's generator."""
+    """The states of Python's, NumPy's global and every loaded tinytrain backend's generator:
+    ``{"python": ..., "numpy": ..., "backends": {device: state}}``. A backend whose
+    ``rng_state()`` raises ``NotImplementedError`` is left out with a ``RuntimeWarning``."""
     backends = {}
     for backend in loaded_backends():
         try:
@@ -193,7 +195,11 @@ def capture_rng_state() -> dict[str, Any]:
 
 
 def restore_rng_state(state: dict[str, Any]) -> None:
-    """Restore what :func:`capture_rng_state` returned (also after a round trip through a file)."""
+    """Restore what :func:`capture_rng_state` returned (also after a round trip through a file).
+
+    A device that ``get_backend`` cannot create here (``ValueError``, ``ImportError``
+    or ``RuntimeError``) is skipped with a ``RuntimeWarning``; the others are restored.
+    """
     version, internal, gauss = state["python"]
     random.setstate((version, tuple(internal), gauss))  # the file made the tuples lists
     np.random.set_state(state["numpy"])

@@ -347,7 +347,10 @@ class Tensor:
 
 
 def to_array(data: Any, dtype: Any = None, device: Any = None) -> tuple[Any, Backend]:
-    """A fresh array holding ``data`` on ``device`` (default: where it is) and its backend."""
+    """A fresh array holding ``data`` on ``device`` (default: where it is) and its backend.
+
+    ``device`` is a name (``"cuda:1"``) or a ``Backend`` object, as ``get_backend`` takes.
+    """
     if isinstance(data, Tensor):
         array, source, natural = data.data, data._backend, data.dtype
     else:

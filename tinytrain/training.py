@@ -285,7 +285,8 @@ class Trainer:
         Runs in eval mode under ``no_grad`` and afterwards restores every module's
         previous mode. Accuracy compares the argmax of ``(N, C)`` outputs with
         integer targets (or with the argmax of one-hot targets); it is ``nan``
-        when the outputs are not class scores.
+        when the outputs are not class scores. Both are Python floats (logs write
+        them as JSON), read from the device once, at the end.
         """
         modes = [(module, module.training) for module in self.model.modules()]
         self.model.eval()

@@ -779,6 +779,13 @@ print("indexing OK")
 #    heap the first time;
 # 3. repeat until the heap is empty.
 #
+# A `backward` may return `None` for an input even when that input requires a
+# gradient (Module 11's gradient checkpointing does, for an input it only needs
+# for ordering): the engine then hands that input nothing. And a `backward` may
+# itself run `backward` on a graph of its own (checkpointing does that too), so
+# keep the engine's heap and collected gradients in local variables of one call,
+# never in globals.
+#
 # No recursion is involved, so a chain of 10,000 operations (an RNN unrolled over
 # a long sequence, say) is no problem — a recursive walk would hit Python's
 # recursion limit of about 1,000.
@@ -866,7 +873,9 @@ def backward(tensor: Any, grad: Any = None, retain_graph: bool = False) -> None:
     """Accumulate d(tensor)/d(leaf), weighted by ``grad``, into every leaf's ``.grad``.
 
     ``grad`` defaults to 1 for a single-element ``tensor``; for any other shape
-    it must be given, with the tensor's shape.
+    it must be given, with the tensor's shape. A ``None`` from an operation's
+    ``backward`` gives that input nothing, whether or not it requires grad.
+    Re-entrant: an operation's ``backward`` may call ``backward`` itself.
     """
     if not tensor.requires_grad:
         raise RuntimeError("backward() on a tensor that does not require grad: no input had requires_grad=True, "

@@ -479,6 +479,7 @@ class SGD(Optimizer):
         ``g += weight_decay * param``; with momentum ``b = momentum * b + g`` (in
         place on ``state["momentum_buffer"]``) and ``d = g + momentum * b``
         (Nesterov) or ``d = b``; without, ``d = g``. Then ``param -= lr * d``.
+        Keeps no state but the momentum buffer (``memory_report`` counts all of it).
         """
         ### BEGIN SOLUTION
         if self.weight_decay:
@@ -666,6 +667,7 @@ class Adam(Optimizer):
         ``v = state["exp_avg_sq"]`` in place (``m = b1 m + (1 - b1) g``,
         ``v = b2 v + (1 - b2) g^2``); then
         ``param -= lr * (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps)``.
+        Keeps no state but these three entries.
         """
         ### BEGIN SOLUTION
         beta1, beta2 = self.betas

@@ -721,13 +721,19 @@ def read_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
 # backend keeps its own generator (Module 01) and reports its state with
 # `rng_state()`. Save them all by device name; to restore, `get_backend(name)`
 # (which creates a backend that this new process has not used yet) and set its
-# state. A backend that cannot report its state yet (CuPy's, until Module 10) is
-# skipped with a warning: that run will not resume exactly, and you should know.
+# state. A backend that cannot report its state yet (its `rng_state()` raises
+# `NotImplementedError`, as CuPy's does until Module 10) is skipped with a warning
+# (`warnings.warn(..., RuntimeWarning)`): that run will not resume exactly, and you
+# should know. The same on restoring: a device this process cannot create (a GPU
+# checkpoint resumed on a laptop: `get_backend` raises `ValueError`, `ImportError`
+# or `RuntimeError`) is skipped with a warning, and the rest is restored.
 # DataLoaders keep their own generators; the Trainer saves those.
 
 # %% export="serialization"
 def capture_rng_state() -> dict[str, Any]:
-    """The states of Python's, NumPy's global and every loaded tinytrain backend's generator."""
+    """The states of Python's, NumPy's global and every loaded tinytrain backend's generator:
+    ``{"python": ..., "numpy": ..., "backends": {device: state}}``. A backend whose
+    ``rng_state()`` raises ``NotImplementedError`` is left out with a ``RuntimeWarning``."""
     ### BEGIN SOLUTION
     backends = {}
     for backend in loaded_backends():
@@ -740,7 +746,11 @@ def capture_rng_state() -> dict[str, Any]:
 
 
 def restore_rng_state(state: dict[str, Any]) -> None:
-    """Restore what :func:`capture_rng_state` returned (also after a round trip through a file)."""
+    """Restore what :func:`capture_rng_state` returned (also after a round trip through a file).
+
+    A device that ``get_backend`` cannot create here (``ValueError``, ``ImportError``
+    or ``RuntimeError``) is skipped with a ``RuntimeWarning``; the others are restored.
+    """
     ### BEGIN SOLUTION
     version, internal, gauss = state["python"]
     random.setstate((version, tuple(internal), gauss))  # the file made the tuples lists
@@ -1099,7 +1109,8 @@ class Trainer:
         Runs in eval mode under ``no_grad`` and afterwards restores every module's
         previous mode. Accuracy compares the argmax of ``(N, C)`` outputs with
         integer targets (or with the argmax of one-hot targets); it is ``nan``
-        when the outputs are not class scores.
+        when the outputs are not class scores. Both are Python floats (logs write
+        them as JSON), read from the device once, at the end.
         """
         modes = [(module, module.training) for module in self.model.modules()]
         self.model.eval()

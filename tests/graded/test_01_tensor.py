@@ -88,6 +88,8 @@ def test_to_array_devices_and_errors(student):
     assert strict is student.get_backend("strict") and strict.is_array(array)
     back, cpu = student.to_array(student.Tensor(array), device="cpu")
     assert cpu is student.get_backend("cpu") and isinstance(back, np.ndarray)
+    again, same = student.to_array(array, device=cpu)  # a Backend object names its device too
+    assert same is cpu and isinstance(again, np.ndarray), "device= may be a Backend object, as get_backend takes"
     np.testing.assert_array_equal(back, [1.0, 2.0])
     with pytest.raises(TypeError) as error:
         student.to_array(["a", "b"])

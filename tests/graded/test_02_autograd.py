@@ -5,13 +5,15 @@ backward rule the student writes, the engine and gradcheck.
 (``tinytrain grade 02``). Each operation is checked on its own: a fresh instance
 of the student's class runs ``forward`` on float64 arrays, and its ``backward``
 is compared with central differences of that forward. The engine and gradcheck
-are checked on graphs of the installed operations, so one unfinished part does
-not fail the checks of another.
+are checked on graphs of the installed operations (the tensor operators, and
+``InstalledFunction`` subclasses: one creation counter orders them all), so one
+unfinished part does not fail the checks of another.
 """
 import numpy as np
 import pytest
 
 import tinytrain as tt
+from tinytrain.autograd import Function as InstalledFunction  # the package's, imported before any overlay
 from tinytrain.course.checks import check
 
 RNG = np.random.default_rng(0)
@@ -90,6 +92,33 @@ def test_function_apply_errors(student):
     with pytest.raises(ValueError) as error:
         Broken.apply(tt.zeros(2, 3), tt.zeros(4))
     assert "(2, 3)" in str(error.value) and "(4,)" in str(error.value)
+
+
+@check(points=1, hint="apply passes params to forward by name (forward(*arrays, **params)), and the result lives on "
+                      "fn.output_backend when forward set it (a move to another device), else on fn.backend")
+def test_function_apply_params_and_devices(student):
+    class Scale(student.Function):
+        def forward(self, a, *, factor):  # keyword-only, like the convolutions' stride and padding
+            return a * factor
+
+        def backward(self, grad):
+            return (grad,)
+
+    x = tt.tensor([1.0, 2.0], requires_grad=True)
+    assert Scale.apply(x, factor=3.0).numpy().tolist() == [3.0, 6.0]
+
+    class ToStrict(student.Function):
+        def forward(self, a):
+            self.output_backend = tt.get_backend("strict")
+            return self.output_backend.from_host(a)
+
+        def backward(self, grad):
+            return (self.backend.from_host(self.output_backend.to_host(grad)),)
+
+    moved = ToStrict.apply(x)
+    assert moved.device == "strict:0", f"expected the result on 'strict:0' (fn.output_backend), got {moved.device!r}"
+    scalar = ToStrict.apply(tt.tensor(2.0))
+    assert scalar.shape == () and scalar.device == "strict:0", "a 0-d result is wrapped by its own device's xp"
 
 
 @check(points=2, hint="sum_to_shape sums the leading extra axes and the axes where the shape has 1 but grad does not")
@@ -183,6 +212,33 @@ def test_indexing_backward(student):
     assert_backward(student, "Concatenate", [RNG.standard_normal((1, 2)), RNG.standard_normal((3, 2))], axis=0)
 
 
+@check(points=2, hint="backward rules compute with self.xp (NumPy on the CPU, CuPy on a GPU), never with np: "
+                      "np.zeros, np.arange, np.add.at and friends fail on another device's arrays")
+def test_backward_rules_run_on_another_device(student):
+    strict = tt.get_backend("strict")
+    cases = [("GetItem", [(4, 3)], {"index": np.array([0, 2, 0])}), ("GetItem", [(4, 3)], {"index": (slice(1, 3), 0)}),
+             ("MatMul", [(2, 3), (3, 4)], {}), ("Mul", [(3, 4), (4,)], {}), ("Max", [(3, 4)], {"axis": (1,), "keepdims": False}),
+             ("Mean", [(3, 4)], {"axis": (0,), "keepdims": True}), ("Softmax", [(3, 4)], {"axis": 1}),
+             ("LogSoftmax", [(3, 4)], {"axis": 1}), ("Sigmoid", [(5,)], {}), ("ReLU", [(5,)], {}),
+             ("Concatenate", [(2, 3), (2, 1)], {"axis": 1}), ("Transpose", [(2, 3, 4)], {"axes": (1, 2, 0)})]
+    for name, shapes, params in cases:
+        arrays = [RNG.standard_normal(shape).astype(np.float32) for shape in shapes]
+        fn, out = _op(student, name, arrays, **params)
+        expected = fn.backward(np.ones_like(out))
+        fn = getattr(student, name)()
+        fn.backend = strict
+        fn.inputs = tuple(tt.tensor(a, device="strict", requires_grad=True) for a in arrays)
+        try:
+            on_device = {key: strict.from_host(value) if isinstance(value, np.ndarray) else value
+                         for key, value in params.items()}  # an index array lives on the device too
+            out = fn.forward(*[strict.from_host(a) for a in arrays], **on_device)
+            got = fn.backward(strict.xp.ones_like(out))
+        except TypeError as error:
+            raise AssertionError(f"{name} on the strict device: {error}") from None
+        for i, (want, have) in enumerate(zip(expected, got)):
+            np.testing.assert_allclose(strict.to_host(have), want, rtol=1e-6, err_msg=f"{name}, input {i}, on strict")
+
+
 @check(points=3, hint="backward: pop the newest operation (heap keyed by -sequence), call its backward, add each share "
                       "into a leaf's .grad or its creator's pending gradient; free each operation unless retain_graph")
 def test_engine(student):
@@ -202,6 +258,42 @@ def test_engine(student):
         chain = chain * 1.0
     student.backward(chain)
     assert x.grad.item() == 6.0, "gradients accumulate on a leaf across backward calls (5 + 1)"
+
+
+@check(points=1, hint="backward: a None from an operation's backward gives that input nothing (even if it requires "
+                      "grad); keep the heap and the collected gradients local to one call: a backward may call backward")
+def test_engine_none_gradients_and_nested_backward(student):
+    class FirstOnly(InstalledFunction):
+        def forward(self, a, b):
+            return a + b
+
+        def backward(self, grad):
+            return grad, None  # b requires grad, but this operation gives it none
+
+    a, b = tt.tensor([1.0, 2.0], requires_grad=True), tt.tensor([3.0, 4.0], requires_grad=True)
+    student.backward(FirstOnly.apply(a, b).sum())
+    assert a.grad.numpy().tolist() == [1.0, 1.0] and b.grad is None, f"expected b.grad None, got {b.grad}"
+
+    class Doubled(InstalledFunction):
+        """Like Module 11's checkpointing: its backward runs a backward of its own."""
+
+        def forward(self, a):
+            self.a = a
+            return a * 2
+
+        def backward(self, grad):
+            leaf = tt.tensor(self.a, dtype=self.a.dtype, requires_grad=True)
+            student.backward(leaf * 2, grad=tt.tensor(grad))
+            return (leaf.grad.data,)
+
+    x, y = tt.tensor([0.5, 1.0], requires_grad=True), tt.tensor([3.0, -1.0], requires_grad=True)
+    older = y * y  # still waiting in the outer backward while the nested one runs
+    shared = Doubled.apply(x)
+    student.backward(((shared * 3) + shared.exp()).sum() + older.sum())  # a diamond around the nested backward
+    expected = 6 + 2 * np.exp(2 * np.array([0.5, 1.0]))
+    np.testing.assert_allclose(x.grad.numpy(), expected, rtol=1e-6, err_msg="gradient through a nested backward")
+    assert y.grad is not None, "y never got its gradient: the nested backward cleared the outer backward's state"
+    np.testing.assert_allclose(y.grad.numpy(), [6.0, -2.0], err_msg="the other branch, after a nested backward")
 
 
 @check(points=1, hint="after backward the graph is freed (a second backward raises RuntimeError) unless retain_graph=True")
@@ -228,7 +320,7 @@ def test_gradcheck(student):
     assert student.gradcheck(lambda a, b: (a @ b).tanh(), [x, w]) is True
     np.testing.assert_array_equal(x.numpy(), before, err_msg="gradcheck must put the inputs' values back")
 
-    class WrongSquare(tt.Function):
+    class WrongSquare(InstalledFunction):
         def forward(self, a):
             self.a = a
             return a * a

@@ -223,6 +223,35 @@ def test_dropout(student):
     layer = student.Dropout(0.5)
     layer.eval()
     np.testing.assert_array_equal(layer(x).numpy(), x.numpy())
+    half = student.dropout(tt.ones(50, 20, dtype="float16"), 0.5)  # what mixed precision feeds it
+    assert half.dtype == np.float16, f"dropout of float16 must stay float16, got {half.dtype}"
+
+
+@check(points=2, hint="compute on the tensors' device: dropout draws from x._backend, LinearFunction uses self.xp, "
+                      "load_state_dict copies host arrays onto the model's device (backend.from_host), never np")
+def test_layers_run_on_another_device(student):
+    tt.manual_seed(0)
+    linear = student.Linear(4, 3)
+    x = RNG.standard_normal((5, 4)).astype(np.float32)
+    results = {}
+    for device in ("cpu", "strict"):
+        layer = student.Linear(4, 3)
+        layer.load_state_dict({name: value.numpy() for name, value in linear.state_dict().items()})
+        layer.to(device)
+        inputs = tt.tensor(x, device=device, requires_grad=True)
+        try:
+            out = student.dropout(layer(inputs), 0.0, training=True)
+            out.sum().backward()
+            dropped = student.dropout(tt.ones(8, 8, device=device), 0.5)
+            on_device = student.Linear(4, 3).to(device)
+            on_device.load_state_dict({name: value.numpy() for name, value in linear.state_dict().items()})
+        except TypeError as error:
+            raise AssertionError(f"on the {device!r} device: {error}") from None
+        assert dropped.device == tt.tensor(0.0, device=device).device
+        assert on_device.weight.device == dropped.device, "load_state_dict keeps each tensor on its device"
+        results[device] = [out.numpy(), inputs.grad.numpy(), layer.weight.grad.numpy(), layer.bias.grad.numpy()]
+    for name, cpu, strict in zip(("output", "input gradient", "weight gradient", "bias gradient"), *results.values()):
+        np.testing.assert_allclose(strict, cpu, rtol=1e-5, err_msg=f"Linear's {name} on the strict device")
 
 
 @check(points=2, hint="Normalize.backward: inv_std * (g - mean(g) - x_hat * mean(g * x_hat)), means over axes")
@@ -254,11 +283,13 @@ def test_layer_norm(student):
                       "unbiased variance, in place; num_batches_tracked += 1")
 def test_batch_norm_running_stats(student):
     norm = student.BatchNorm1d(3, momentum=0.2)
-    mean_buffer = norm.running_mean
+    arrays = [buffer.data for buffer in (norm.running_mean, norm.running_var, norm.num_batches_tracked)]
     norm._update_running_stats(np.array([1.0, 2.0, 3.0]), np.array([4.0, 4.0, 4.0]))
     np.testing.assert_allclose(norm.running_mean.numpy(), [0.2, 0.4, 0.6], rtol=1e-6)
     np.testing.assert_allclose(norm.running_var.numpy(), [0.8 + 0.8] * 3, rtol=1e-6)
-    assert norm.running_mean is mean_buffer and norm.num_batches_tracked.item() == 1
+    assert norm.num_batches_tracked.item() == 1
+    for name, array in zip(("running_mean", "running_var", "num_batches_tracked"), arrays):
+        assert getattr(norm, name).data is array, f"{name} must be updated in place (its array replaced)"
 
 
 @check(points=2, hint="BatchNorm training mode: normalise with the batch's mean and biased variance over every axis but "

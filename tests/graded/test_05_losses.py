@@ -207,3 +207,26 @@ def test_loss_modules_use_their_reduction(student):
     pred = leaf(np.array([3.0, 1.0], dtype=np.float32))
     student.MSELoss()(pred, [1.0, 1.0]).backward()
     assert np.allclose(pred.grad.numpy(), [2.0, 0.0])
+
+
+@check(points=1, hint="compute on the logits' device: self.xp in forward and backward (xp.arange, xp.exp), never np; "
+                      "a loss on a GPU must not come back through the host")
+def test_losses_run_on_another_device(student):
+    z, y = logits_and_labels(seed=6)
+    p = np.array([0.2, 0.9, 0.5], dtype=np.float32)
+    results = {}
+    for device in ("cpu", "strict"):
+        logits, probs = tt.tensor(z, device=device, requires_grad=True), tt.tensor(p, device=device, requires_grad=True)
+        x = tt.tensor(p - 0.5, device=device, requires_grad=True)
+        t = tt.tensor([1.0, 0.0, 1.0], device=device)
+        try:
+            losses = [student.cross_entropy(logits, tt.tensor(y, device=device)),
+                      student.cross_entropy(logits, tt.tensor(np_softmax(z), device=device), reduction="sum"),
+                      student.binary_cross_entropy(probs, t), student.binary_cross_entropy_with_logits(x, t),
+                      student.mse_loss(probs, t, reduction="sum")]
+            sum(losses[1:], losses[0]).backward()
+        except TypeError as error:
+            raise AssertionError(f"the losses on the {device!r} device: {error}") from None
+        results[device] = [loss.numpy() for loss in losses] + [logits.grad.numpy(), probs.grad.numpy(), x.grad.numpy()]
+    for cpu, strict in zip(*results.values()):
+        np.testing.assert_allclose(strict, cpu, rtol=1e-5, atol=1e-7, err_msg="the same loss on the strict device")

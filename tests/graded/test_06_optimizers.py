@@ -142,7 +142,42 @@ def test_adamw_decoupled_weight_decay(student):
     assert np.allclose(values, numpy_adam(0.01), atol=1e-6)
 
 
-# -- state ---------------------------------------------------------------------------------
+# -- state and devices -----------------------------------------------------------------------
+
+@check(points=1, hint="update() keeps exactly the state init_state() made (SGD: momentum_buffer, or nothing; Adam: "
+                      "step, exp_avg, exp_avg_sq): memory_report counts every array in it")
+def test_state_holds_only_its_own_entries(student):
+    for optimizer_class, settings, keys in ((student.SGD, {"lr": 0.1}, set()),
+                                            (student.SGD, {"lr": 0.1, "momentum": 0.9, "nesterov": True},
+                                             {"momentum_buffer"}),
+                                            (student.Adam, {"lr": 0.01, "weight_decay": 0.1},
+                                             {"step", "exp_avg", "exp_avg_sq"}),
+                                            (student.AdamW, {"lr": 0.01}, {"step", "exp_avg", "exp_avg_sq"})):
+        _, _, optimizer = run(optimizer_class, **settings)
+        got = set(optimizer.state[0])
+        assert got == keys, f"{optimizer_class.__name__}({settings}): expected state {sorted(keys)}, got {sorted(got)}"
+
+
+@check(points=1, hint="update() computes with the xp it is given (NumPy on the CPU, CuPy on a GPU), never with np")
+def test_optimizers_run_on_another_device(student):
+    for optimizer_class, settings in ((student.SGD, {"lr": 0.1, "momentum": 0.9, "weight_decay": 0.01}),
+                                      (student.Adam, {"lr": 0.01, "weight_decay": 0.01}),
+                                      (student.AdamW, {"lr": 0.01})):
+        values = {}
+        for device in ("cpu", "strict"):
+            param = tt.tensor(START, requires_grad=True, device=device)
+            optimizer = optimizer_class([param], **settings)
+            for g in GRADS:
+                param.grad = tt.tensor(g, device=device)
+                try:
+                    optimizer.step()
+                except TypeError as error:
+                    raise AssertionError(f"{optimizer_class.__name__} on the {device!r} device: {error}") from None
+            values[device] = param.numpy()
+        np.testing.assert_allclose(values["strict"], values["cpu"], rtol=1e-6,
+                                   err_msg=f"{optimizer_class.__name__} on the strict device")
+
+
 
 @check(points=2, hint="keep all per-parameter state (step, momentum buffers, moments) in the `state` dict that "
                       "step() hands to update(), so state_dict() / load_state_dict() can save and restore it")

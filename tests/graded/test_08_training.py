@@ -11,6 +11,7 @@ import math
 import os
 import pickle
 import random
+import warnings
 from types import SimpleNamespace
 
 import numpy as np
@@ -231,6 +232,42 @@ def test_rng_state_round_trip(student, tmp_path):
     assert np.array_equal(expected[2], again[2]) and np.array_equal(expected[3], again[3]), "tinytrain's generators"
 
 
+@check(points=1, hint="capture_rng_state leaves out (with a RuntimeWarning) a backend whose rng_state() raises "
+                      "NotImplementedError; restore_rng_state skips (with a RuntimeWarning) a device get_backend "
+                      "cannot create here, and restores the rest")
+def test_rng_states_of_devices_that_cannot_take_part(student):
+    import tinytrain.backend as registry
+
+    class NoState(registry.NumpyBackend):
+        kind = "nostate"
+
+        def rng_state(self):
+            raise NotImplementedError("this device cannot report its generator's state")
+
+    tt.register_backend("nostate", NoState)
+    try:
+        tt.get_backend("nostate")
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            state = student.capture_rng_state()
+        assert "nostate:0" not in state["backends"] and "cpu" in state["backends"], sorted(state["backends"])
+        assert any(issubclass(w.category, RuntimeWarning) for w in caught), "capture_rng_state: no RuntimeWarning"
+    finally:
+        for name in [name for name in registry._BACKENDS if name.startswith("nostate")]:
+            del registry._BACKENDS[name]
+        del registry._FACTORIES["nostate"]
+    tt.manual_seed(5)
+    state = student.capture_rng_state()
+    expected = tt.randn(3).numpy()
+    state["backends"]["tpu:0"] = {"saved": "on a machine with a TPU"}
+    tt.manual_seed(6)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        student.restore_rng_state(state)
+    assert any(issubclass(w.category, RuntimeWarning) for w in caught), "restore_rng_state: no RuntimeWarning for tpu:0"
+    np.testing.assert_array_equal(tt.randn(3).numpy(), expected, err_msg="the CPU's generator is restored all the same")
+
+
 # -- the Trainer --------------------------------------------------------------------------------
 
 def one_epoch(student, dataset, batch_size, accumulation_steps, loss_fn=None):
@@ -351,6 +388,8 @@ def test_evaluate_modes_and_per_sample_means(student):
     loader = DataLoader(TOY, batch_size=32)  # 32, 32, 32, 4
     model.train()
     loss, accuracy = trainer.evaluate(loader)
+    assert type(loss) is float and type(accuracy) is float, \
+        f"evaluate returns Python floats (logs write them as JSON), got {type(loss).__name__}, {type(accuracy).__name__}"
     assert trainer.evaluate(loader) == (loss, accuracy), "a nested Dropout must be off in evaluate"
     assert all(m.training for m in model.modules()), "evaluate must restore training mode everywhere"
     assert spy.tracked and not any(spy.tracked), "evaluate must run under no_grad (no graph, less memory)"
@@ -514,3 +553,26 @@ def test_memory_report(student):
         report = student.memory_report(model, optimizer)
         assert report["gradients"] == size and report["optimizer_state"] == state_factor * size, report
         assert report["ratio"] == pytest.approx(2 + state_factor)
+
+
+@check(points=1, hint="compute on the tensors' device: clip_grad_norm with each gradient's backend (one host read per "
+                      "device), the Trainer's methods through tensors and their backends, never np on device arrays")
+def test_training_runs_on_another_device(student):
+    results = {}
+    for device in ("cpu", "strict"):
+        tt.manual_seed(0)
+        model = toy_model().to(device)
+        trainer = student.Trainer(model, optim.SGD(model.parameters(), lr=0.5), nn.CrossEntropyLoss(), grad_clip_norm=0.5)
+        loader = DataLoader(TOY, batch_size=32, device=device)
+        try:
+            loss = trainer.train_epoch(loader, accumulation_steps=2)
+            evaluation = trainer.evaluate(loader)
+            for p in model.parameters():
+                p.grad = p * 3.0
+            norm = student.clip_grad_norm(model.parameters(), 0.1)
+        except TypeError as error:
+            raise AssertionError(f"training on the {device!r} device: {error}") from None
+        results[device] = (loss, *evaluation, norm, weights(model), [p.grad.numpy() for p in model.parameters()])
+    (loss, *rest), (strict_loss, *strict_rest) = results["cpu"], results["strict"]
+    assert strict_loss == pytest.approx(loss, rel=1e-5) and strict_rest[:3] == pytest.approx(rest[:3], rel=1e-5)
+    assert same_weights(strict_rest[3], rest[3]) and same_weights(strict_rest[4], rest[4])

@@ -285,8 +285,17 @@ def test_average_gradients(student):
 
     single = tt.tensor([1.0, 2.0], requires_grad=True)
     single.grad = tt.tensor([0.5, -1.5])
-    assert student.average_gradients([single], student.SingleProcess()) == 0.0
+    summed = student.average_gradients([single], student.SingleProcess())
+    assert type(summed) is float and summed == 0.0, f"return a Python float, got {summed!r}"
     assert single.grad.numpy().tolist() == [0.5, -1.5], "one rank: the average is the gradient itself"
+    on_device = tt.tensor([1.0, 2.0], requires_grad=True, device="strict")
+    on_device.grad = tt.tensor([0.5, -1.5], device="strict")
+    try:
+        student.average_gradients([on_device], FakeRank(student, rank=0, size=2, others=np.array([1.5, 0.5, 0.0])))
+    except TypeError as error:
+        raise AssertionError(f"average_gradients of gradients on the strict device: {error}") from None
+    assert on_device.grad.device == "strict:0" and on_device.grad.numpy().tolist() == [1.0, -0.5], \
+        "a gradient on a device goes to the host for MPI (backend.to_host) and back (backend.from_host)"
 
 
 @check(points=1, hint="DataParallel's step averages the gradients with average_gradients, whose return value (the "

@@ -213,7 +213,9 @@ def dropout(x: Tensor, p: float = 0.5, training: bool = True) -> Tensor:
     """Inverted dropout: zero each element with probability ``p``, scale the rest by ``1/(1-p)``.
 
     The identity when ``training`` is false or ``p == 0``. ``p`` must be in [0, 1)
-    (``ValueError`` otherwise). The mask comes from ``x``'s device generator.
+    (``ValueError`` otherwise). The mask comes from ``x``'s device generator,
+    drawn in float32 whatever ``x``'s dtype (the generators refuse float16, which
+    mixed precision computes in) and then cast to ``x``'s dtype.
     """
     if not 0 <= p < 1:
         raise ValueError(f"dropout probability p must be in [0, 1), got {p}")
@@ -315,7 +317,13 @@ class _BatchNorm(Module):
         self.register_buffer("num_batches_tracked", tensor(0))  # int64
 
     def _update_running_stats(self, mean: Any, unbiased_var: Any) -> None:
-        """Exponential moving averages of the batch statistics (arrays: not in the graph)."""
+        """Exponential moving averages of the batch statistics (arrays: not in the graph).
+
+        Updates all three buffers in place (their arrays stay the same objects: a
+        checkpointed layer restores them by value): ``running_mean`` and
+        ``running_var`` become ``(1 - momentum) * running + momentum * batch``, and
+        ``num_batches_tracked`` goes up by one.
+        """
         m = self.momentum
         for buffer, batch in ((self.running_mean, mean), (self.running_var, unbiased_var)):
             buffer.data *= 1 - m

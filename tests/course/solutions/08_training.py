@@ -135,7 +135,13 @@ def restore_rng_state(state):
     random.setstate((version, tuple(internal), gauss_next))
     np.random.set_state(state["numpy"])
     for device, backend_state in state["backends"].items():
-        get_backend(device).set_rng_state(backend_state)
+        try:
+            backend = get_backend(device)
+        except (ValueError, ImportError, RuntimeError) as error:
+            warnings.warn(f"cannot restore the random state of device {device!r} here: {error}",
+                          RuntimeWarning, stacklevel=2)
+            continue
+        backend.set_rng_state(backend_state)
 
 
 class Trainer:
