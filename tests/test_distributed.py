@@ -124,7 +124,7 @@ def test_under_mpirun():
     if mpirun is None:
         pytest.skip("no mpirun/mpiexec on PATH (pip install mpich)")
     env = {**os.environ, "TINYTRAIN_TEST_UNDER_MPI": "1"}
-    command = [mpirun, "-n", "2", sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-x",
+    command = [mpirun, "-n", "2", sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-x", "-o", "addopts=",
                str(Path(__file__)), "-k", "mpi_"]
     result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]

@@ -14,6 +14,13 @@ export cells define, as attributes. Every graded check must call code the studen
 writes, so that it *fails* on the unfilled notebook (whose stubs raise
 ``NotImplementedError``); CI grades every module's unfilled notebook (zero points)
 and its reference notebook (full marks).
+
+While a notebook is graded, its modules stand in for the package's in
+``sys.modules``, but what the package imported before keeps the package's
+objects: ``tensor * tensor`` runs the package's operations, and ``tt.Function``
+may be either. Build the objects a check compares from one side -- the
+student's (``student.Function``) or the package's, imported at the top of the
+test file (``from tinytrain.autograd import Function as InstalledFunction``).
 """
 from __future__ import annotations
 
