@@ -13,9 +13,7 @@ import time
 from typing import Any, Iterable, Iterator, Sequence
 
 from tinytrain.autograd import no_grad
-from tinytrain.serialization import CheckpointError, capture_rng_state, read_checkpoint, restore_rng_state, write_checkpoint
-from tinytrain.nn.module import Module
-from tinytrain.optim import Optimizer
+from tinytrain.resume import Resumable, callback_keys
 from tinytrain.tensor import Tensor
 
 
@@ -114,7 +112,7 @@ def _progress(iterable: Iterable[Any], enabled: bool, **options: Any) -> Iterabl
     return tqdm(iter(iterable), **options)
 
 
-class Trainer:
+class Trainer(Resumable):
     """Trains ``model`` with ``optimizer`` on ``loss_fn(model(inputs), targets)``.
 
     Batches are ``(inputs, targets)`` pairs of tensors, first axis = samples.
@@ -125,7 +123,7 @@ class Trainer:
     ``"raise"`` stops with ``FloatingPointError`` (the gradient norm is computed,
     and checked, only when clipping; without it the loss is checked).
     ``precision``: ``"32-true"``, or ``"16-mixed"`` for float16 compute with float32
-    master weights and dynamic loss scaling (Module 11, :mod:`tinytrain.amp`).
+    master weights and dynamic loss scaling (Module 12, :mod:`tinytrain.amp`).
     ``strategy``: ``tinytrain.distributed.DataParallel()`` for data parallelism over MPI.
 
     ``epoch`` counts completed epochs, ``step`` the optimizer steps taken,
@@ -150,7 +148,7 @@ class Trainer:
         self._loaders: dict[str, Any] = {}  # "train"/"val" -> loader, whose position checkpoints keep
         self._callbacks: tuple = ()
         self._pending: dict[str, dict] = {"loaders": {}, "callbacks": {}}  # from load_checkpoint, for the next fit
-        # Module 11: precision="16-mixed" (tinytrain.amp), strategy=DataParallel() (tinytrain.distributed)
+        # Module 12: precision="16-mixed" (tinytrain.amp), strategy=DataParallel() (tinytrain.distributed)
         self.precision, self.strategy, self._amp = precision, strategy, None
         if precision != "32-true":
             from tinytrain.amp import MixedPrecision
@@ -171,7 +169,7 @@ class Trainer:
         """``(loss, is_mean)`` of one training batch: ``loss_fn(model(inputs), targets)``
         reduced to a scalar, and whether it is a mean over the batch's samples.
 
-        Given. Module 11's mixed precision computes the loss here in float16, so
+        Given. Module 12's mixed precision computes the loss here in float16, so
         every training batch's loss must come from this method.
         """
         if self._amp is not None:
@@ -181,7 +179,7 @@ class Trainer:
     def _take_step(self, parameters: list[Tensor], loss: float, norms: list[float]) -> bool:
         """Step on the accumulated gradients unless something is wrong; whether the step was taken.
 
-        Given. Module 11's plugins go first: mixed precision unscales the float16
+        Given. Module 12's plugins go first: mixed precision unscales the float16
         gradients, data parallelism averages them over the ranks, and either may
         veto the step (an overflow, a non-finite loss on another rank). Then
         :meth:`_clip_and_step`.
@@ -329,7 +327,7 @@ class Trainer:
             raise ValueError(f"epochs must be a whole number >= 0, got {epochs!r}")
         progress = _progress_enabled() if progress is None else progress
         self._callbacks = tuple(callbacks)
-        for key, callback in zip(_callback_keys(self._callbacks), self._callbacks):
+        for key, callback in zip(callback_keys(self._callbacks), self._callbacks):
             state = self._pending["callbacks"].pop(key, None)
             if state is not None:
                 callback.load_state_dict(state)
@@ -372,93 +370,6 @@ class Trainer:
         state = self._pending["loaders"].pop(role, None)
         if state is not None and hasattr(loader, "load_state_dict"):
             loader.load_state_dict(state)
-
-    # -- checkpoints -----------------------------------------------------------------------
-    def save_checkpoint(self, path: Any) -> None:
-        """Write everything a bit-identical resume needs to ``path``, atomically.
-
-        Model (parameters and buffers), each module's mode, optimizer, schedule,
-        counters, history, the state of the callbacks of the current ``fit``, the
-        position and generator of the train and validation loaders, and the random
-        states of Python, NumPy and every tinytrain device. With a data-parallel
-        ``strategy``, only the writer rank (0) writes.
-        """
-        if not all(getattr(plugin, "is_writer", True) for plugin in self._plugins):
-            return
-        write_checkpoint(path, {
-            "epoch": self.epoch,
-            "step": self.step,
-            "skipped_steps": self.skipped_steps,
-            "model": _model_state(self.model),
-            "modes": [module.training for module in self.model.modules()],
-            "optimizer": _optimizer_state(self.optimizer),
-            "scheduler": None if self.scheduler is None else self.scheduler.state_dict(),
-            "history": self.history,
-            "loaders": {role: loader.state_dict() for role, loader in self._loaders.items()
-                        if hasattr(loader, "state_dict")},
-            "callbacks": {key: callback.state_dict()
-                          for key, callback in zip(_callback_keys(self._callbacks), self._callbacks)},
-            "rng": capture_rng_state(),
-            "plugins": {plugin.name: plugin.state_dict() for plugin in self._plugins},
-        })
-
-    def load_checkpoint(self, path: Any) -> None:
-        """Restore the state saved by :meth:`save_checkpoint`.
-
-        The data loaders and callbacks get their saved state when they are next
-        passed to :meth:`fit` (or the train loader to :meth:`train_epoch`).
-        """
-        state = read_checkpoint(path)
-        missing = [key for key in ("epoch", "step", "model", "optimizer", "history", "rng") if key not in state]
-        if missing:
-            raise CheckpointError(f"{path} is not a Trainer checkpoint: it lacks {', '.join(missing)}")
-        self.model.load_state_dict(state["model"])
-        if isinstance(self.optimizer, Optimizer):  # the state was just read from the file: nothing else holds it
-            self.optimizer.load_state_dict(state["optimizer"], copy=False)
-        else:
-            self.optimizer.load_state_dict(state["optimizer"])
-        if self.scheduler is not None and state.get("scheduler") is not None:
-            self.scheduler.load_state_dict(state["scheduler"])
-        modules = self.model.modules()
-        if len(state.get("modes", ())) == len(modules):
-            for module, training in zip(modules, state["modes"]):
-                module.training = bool(training)
-        self.epoch, self.step = state["epoch"], state["step"]
-        self.skipped_steps = state.get("skipped_steps", 0)
-        self.history = {**{key: [] for key in HISTORY_KEYS}, **state["history"]}
-        self._pending = {"loaders": dict(state.get("loaders", {})), "callbacks": dict(state.get("callbacks", {}))}
-        restore_rng_state(state["rng"])
-        for plugin in self._plugins:
-            if plugin.name in state.get("plugins", {}):
-                plugin.load_state_dict(state["plugins"][plugin.name])
-
-
-# A checkpoint is written as soon as the state is collected, so the copies that
-# state_dict() makes (a snapshot that later training cannot change) would only
-# double the memory traffic of saving: the two helpers below skip them.
-def _model_state(model: Any) -> dict[str, Any]:
-    """What ``model.state_dict()`` holds, without copying the arrays when it is Module's own."""
-    if isinstance(model, Module) and type(model).state_dict is Module.state_dict:
-        return dict(model.named_parameters() + model.named_buffers())
-    return model.state_dict()
-
-
-def _optimizer_state(optimizer: Any) -> dict[str, Any]:
-    """``optimizer.state_dict()``, without copying the buffers when it is a tinytrain optimizer."""
-    if isinstance(optimizer, Optimizer):
-        return optimizer.state_dict(copy=False)
-    return optimizer.state_dict()
-
-
-def _callback_keys(callbacks: Sequence[Any]) -> list[str]:
-    """A name per callback for checkpoints: its class, numbered from the second of a class."""
-    seen: dict[str, int] = {}
-    keys = []
-    for callback in callbacks:
-        name = type(callback).__name__
-        seen[name] = seen.get(name, 0) + 1
-        keys.append(name if seen[name] == 1 else f"{name}#{seen[name]}")
-    return keys
 
 
 def _array_bytes(value: Any) -> int:

@@ -18,8 +18,10 @@
 # **You will**
 # 1. write `Function`, the base of every operation: it computes a result and
 #    remembers how it was computed (the *graph*);
-# 2. write the forward and backward rule of each operation — add, multiply,
-#    matrix product, sum, exp, softmax, indexing, …;
+# 2. write the backward rules that teach something new — multiply and power
+#    (broadcasting, inputs that need no gradient), the matrix product, max (ties),
+#    stable sigmoid and softmax, indexing (repeated picks) — and read the rest,
+#    which are given;
 # 3. write the engine that walks the graph backwards and accumulates gradients;
 # 4. check every backward rule against numerical derivatives (`gradcheck`);
 # 5. measure the engine's per-operation overhead against PyTorch.
@@ -224,6 +226,9 @@ print("sum_to_shape OK")
 #   `i` needs a gradient: the input images of a network never do, and skipping
 #   them saves a matrix product per layer.
 #
+# `Add`, `Sub` and `Div` are given as worked examples of both details; you write
+# `Mul` and `Pow`, where each input's gradient needs the *other* input.
+#
 # ### Arithmetic
 #
 # | op | forward | backward |
@@ -251,10 +256,8 @@ class Add(Function):
         return a + b
 
     def backward(self, grad: Any) -> tuple:
-        ### BEGIN SOLUTION
         a_shape, b_shape = self.shapes
         return sum_to_shape(grad, a_shape), sum_to_shape(grad, b_shape)
-        ### END SOLUTION
 
 
 class Sub(Function):
@@ -263,11 +266,9 @@ class Sub(Function):
         return a - b
 
     def backward(self, grad: Any) -> tuple:
-        ### BEGIN SOLUTION
         a_shape, b_shape = self.shapes
         grad_b = sum_to_shape(-grad, b_shape) if self.inputs[1].requires_grad else None
         return sum_to_shape(grad, a_shape), grad_b
-        ### END SOLUTION
 
 
 class Mul(Function):
@@ -290,12 +291,10 @@ class Div(Function):
         return a / b
 
     def backward(self, grad: Any) -> tuple:
-        ### BEGIN SOLUTION
         a, b = self.a, self.b
         grad_a = sum_to_shape(grad / b, a.shape) if self.inputs[0].requires_grad else None
         grad_b = sum_to_shape(-grad * a / (b * b), b.shape) if self.inputs[1].requires_grad else None
         return grad_a, grad_b
-        ### END SOLUTION
 
 
 class Neg(Function):
@@ -390,7 +389,8 @@ class MatMul(Function):
 # `mean` does the same divided by the count. `max` sends the gradient to the
 # element(s) that won — when several tie, each gets an equal share, so the total
 # is the same as for a single winner. `reshape` and `transpose` only move
-# numbers around, so their backward moves the gradient back.
+# numbers around, so their backward moves the gradient back. `Sum`, `Mean` and
+# `Transpose` are given; you write `Max`.
 
 # %% export="ops"
 def _expand_reduced(xp: Any, grad: Any, axis: tuple[int, ...] | None, keepdims: bool) -> Any:
@@ -406,10 +406,8 @@ class Sum(Function):
         return a.sum(axis=axis, keepdims=keepdims)
 
     def backward(self, grad: Any) -> tuple:
-        ### BEGIN SOLUTION
         grad = _expand_reduced(self.xp, grad, self.axis, self.keepdims)
         return (self.xp.broadcast_to(grad, self.shape),)
-        ### END SOLUTION
 
 
 class Mean(Function):
@@ -420,10 +418,8 @@ class Mean(Function):
         return out
 
     def backward(self, grad: Any) -> tuple:
-        ### BEGIN SOLUTION
         grad = _expand_reduced(self.xp, grad, self.axis, self.keepdims) / self.count
         return (self.xp.broadcast_to(grad, self.shape),)
-        ### END SOLUTION
 
 
 class Max(Function):
@@ -459,12 +455,10 @@ class Transpose(Function):
         return a.transpose(axes)
 
     def backward(self, grad: Any) -> tuple:
-        ### BEGIN SOLUTION
         inverse = [0] * len(self.axes)
         for position, axis in enumerate(self.axes):
             inverse[axis % len(self.axes)] = position
         return (grad.transpose(inverse),)
-        ### END SOLUTION
 
 
 # %% check=1
@@ -505,6 +499,9 @@ print("reductions OK")
 # Writing it with $e^{-\lvert a\rvert}$, which is always in $(0, 1]$, never
 # overflows: $\sigma(a) = 1/(1+e^{-\lvert a\rvert})$ for $a \ge 0$ and
 # $e^{-\lvert a\rvert}/(1+e^{-\lvert a\rvert})$ for $a < 0$.
+#
+# The backward rules are given (they reuse the output, as the table says); you
+# write the stable forward of `Sigmoid`.
 
 # %% export="ops"
 class Exp(Function):
@@ -540,9 +537,7 @@ class Tanh(Function):
         return self.out
 
     def backward(self, grad: Any) -> tuple:
-        ### BEGIN SOLUTION
         return (grad * (1 - self.out * self.out),)
-        ### END SOLUTION
 
 
 class Sigmoid(Function):
@@ -554,9 +549,7 @@ class Sigmoid(Function):
         ### END SOLUTION
 
     def backward(self, grad: Any) -> tuple:
-        ### BEGIN SOLUTION
         return (grad * self.out * (1 - self.out),)
-        ### END SOLUTION
 
 
 class ReLU(Function):
@@ -565,10 +558,8 @@ class ReLU(Function):
         return self.out
 
     def backward(self, grad: Any) -> tuple:
-        ### BEGIN SOLUTION
         # out=grad: multiply in place when the engine owns grad (section 4); None makes a new array.
         return (self.xp.multiply(grad, self.out > 0, out=grad if self.owns_grad else None),)
-        ### END SOLUTION
 
 
 class Abs(Function):
@@ -607,7 +598,8 @@ class Clip(Function):
 #
 # Backward, with $s = \operatorname{softmax}(a)$:
 # $\bar a = s \odot (\bar s - \sum_j \bar s_j s_j)$; for log-softmax with output $o$:
-# $\bar a = \bar o - e^{o} \sum_j \bar o_j$.
+# $\bar a = \bar o - e^{o} \sum_j \bar o_j$. You write `Softmax`; `LogSoftmax`
+# is given, for comparison.
 
 # %% export="ops"
 class Softmax(Function):
@@ -628,17 +620,13 @@ class Softmax(Function):
 
 class LogSoftmax(Function):
     def forward(self, a: Any, axis: int) -> Any:
-        ### BEGIN SOLUTION
         self.axis = axis
         shifted = a - a.max(axis=axis, keepdims=True)
         self.out = shifted - self.xp.log(self.xp.exp(shifted).sum(axis=axis, keepdims=True))
         return self.out
-        ### END SOLUTION
 
     def backward(self, grad: Any) -> tuple:
-        ### BEGIN SOLUTION
         return (grad - self.xp.exp(self.out) * grad.sum(axis=self.axis, keepdims=True),)
-        ### END SOLUTION
 
 
 # %% check=1
@@ -665,7 +653,8 @@ print("stable softmax and sigmoid OK")
 # `g[idx] = grad` would keep only one, so we use the backend's `scatter_add`
 # (NumPy's `np.add.at`). `stack`/`concatenate` split the gradient back into
 # pieces, `where` routes it to the branch that was chosen, and `to(device)` copies
-# it back to the device the input came from.
+# it back to the device the input came from. You write `GetItem`'s backward; the
+# others are given.
 
 # %% export="ops"
 def _is_integer_array_index(index: Any) -> bool:
@@ -710,10 +699,8 @@ class Concatenate(Function):
         return out
 
     def backward(self, grad: Any) -> tuple:
-        ### BEGIN SOLUTION
         before = (slice(None),) * self.axis
         return tuple(grad[before + (slice(start, end),)] for start, end in zip(self.ends, self.ends[1:]))
-        ### END SOLUTION
 
 
 class Where(Function):
@@ -780,7 +767,7 @@ print("indexing OK")
 # 3. repeat until the heap is empty.
 #
 # A `backward` may return `None` for an input even when that input requires a
-# gradient (Module 11's gradient checkpointing does, for an input it only needs
+# gradient (Module 12's gradient checkpointing does, for an input it only needs
 # for ordering): the engine then hands that input nothing. And a `backward` may
 # itself run `backward` on a graph of its own (checkpointing does that too), so
 # keep the engine's heap and collected gradients in local variables of one call,

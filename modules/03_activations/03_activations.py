@@ -499,7 +499,7 @@ for name, f in [("relu", relu), ("sigmoid", sigmoid), ("tanh", tanh), ("gelu", g
 # backward). All of them are still small next to the matrix products between
 # activations. Saving $t$ too would shorten GELU's backward and add 4 bytes per
 # element: recomputation *trades time for memory*, the idea behind gradient
-# checkpointing in Module 11.
+# checkpointing in Module 12.
 #
 # A subtlety in the memory column: the saved array of relu, sigmoid and tanh *is*
 # their output, and the next layer usually keeps that output alive anyway, so it

@@ -17,11 +17,12 @@
 # forward pass, and can be nested inside other modules.
 #
 # **You will**
-# 1. write `Parameter` and `Module`: parameters and sub-modules found
-#    automatically, train/eval modes, saving and loading weights (`state_dict`),
-#    moving a model between devices;
-# 2. write the layers: `Linear` (with the initialisation PyTorch uses, derived from
-#    a variance argument), `Sequential`, activation modules, `Dropout`, `Flatten`;
+# 1. write `Module`: parameters and sub-modules found automatically, saving and
+#    loading weights (`state_dict`), moving a model between devices (train/eval
+#    modes are given);
+# 2. write `Linear`'s fused backward rule (its initialisation, the one PyTorch
+#    uses, is derived from a variance argument and given), `ModuleList` and
+#    `Dropout`; `Sequential`, the activation modules and `Flatten` are given;
 # 3. write the normalisation layers `LayerNorm` and `BatchNorm1d`, with a fused
 #    forward and backward rule, and see what normalisation does to the activations
 #    of a deep network;
@@ -248,11 +249,9 @@ class Module:
     # -- modes and gradients ----------------------------------------------------------
     def train(self, mode: bool = True) -> "Module":
         """Set training mode (``mode=False``: evaluation mode) on every sub-module; returns ``self``."""
-        ### BEGIN SOLUTION
         for module in self.modules():
             object.__setattr__(module, "training", bool(mode))
         return self
-        ### END SOLUTION
 
     def eval(self) -> "Module":
         """Evaluation mode on every sub-module (``train(False)``); returns ``self``."""
@@ -614,17 +613,13 @@ class Linear(Module):
         if in_features < 1 or out_features < 1:
             raise ValueError(f"Linear needs positive sizes, got in_features={in_features}, out_features={out_features}")
         self.in_features, self.out_features = in_features, out_features
-        ### BEGIN SOLUTION
         bound = 1 / math.sqrt(in_features)
         self.weight = _uniform_parameter((out_features, in_features), bound)
         self.weight.data = np.asfortranarray(self.weight.data)  # column-major: x @ W.T is then a plain product for BLAS
         self.bias = _uniform_parameter((out_features,), bound) if bias else None
-        ### END SOLUTION
 
     def forward(self, x: Tensor) -> Tensor:
-        ### BEGIN SOLUTION
         return linear(x, self.weight, self.bias)  # which checks x's width against the weight's
-        ### END SOLUTION
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
@@ -677,7 +672,8 @@ print(f"input variance {x.numpy().var():.3f}, output variance {y.numpy().var():.
 #
 # The activation modules are thin wrappers around the functions of Module 03, so
 # that they can sit in a `Sequential`; `Flatten` turns `(N, C, H, W)` images into
-# `(N, C*H*W)` rows for a `Linear`, keeping the batch axis.
+# `(N, C*H*W)` rows for a `Linear`, keeping the batch axis. You write
+# `ModuleList.append`; `Sequential`, the activations and `Flatten` are given.
 
 # %% export="nn/layers"
 class ModuleList(Module):
@@ -735,11 +731,9 @@ class Sequential(ModuleList):
         return cls(*modules)
 
     def forward(self, x: Any) -> Any:
-        ### BEGIN SOLUTION
         for module in self._modules.values():
             x = module(x)
         return x
-        ### END SOLUTION
 
 
 class ReLU(Module):
@@ -796,11 +790,9 @@ class Flatten(Module):
     """
 
     def forward(self, x: Tensor) -> Tensor:
-        ### BEGIN SOLUTION
         if x.ndim == 0:
             raise ValueError("Flatten needs an input with a batch axis, got a 0-d tensor")
         return x.reshape(x.shape[0], math.prod(x.shape[1:]))
-        ### END SOLUTION
 
 
 # %% check=2

@@ -22,7 +22,7 @@
 #    $(\operatorname{softmax} - \text{one-hot}) / N$;
 # 3. write binary cross-entropy, on probabilities (clamped like PyTorch) and on
 #    logits (stable for any input);
-# 4. wrap them as modules: `nn.MSELoss()`, `nn.CrossEntropyLoss()`, ...;
+# 4. see them wrapped as modules: `nn.MSELoss()`, `nn.CrossEntropyLoss()`, ... (given);
 # 5. measure what fusing saves in time and memory against composing the same
 #    loss from tensor operations.
 
@@ -615,7 +615,8 @@ for name, loss_of_logit in [("with logits", lambda x: binary_cross_entropy_with_
 # created once with its options, then called like a function,
 # `loss_fn(logits, target)`. The Trainer (Module 08) takes such an object. Each
 # class stores `reduction` (checked at once: a typo should fail when the loss
-# is built, not a training step later) and forwards to the functional form.
+# is built, not a training step later) and forwards to the functional form. They
+# are given: each is one line.
 
 # %% export="nn/losses"
 class _Loss(Module):
@@ -633,36 +634,28 @@ class MSELoss(_Loss):
     """``MSELoss(reduction="mean")(pred, target)``: :func:`mse_loss`."""
 
     def forward(self, pred: Tensor, target: Any) -> Tensor:
-        ### BEGIN SOLUTION
         return mse_loss(pred, target, self.reduction)
-        ### END SOLUTION
 
 
 class CrossEntropyLoss(_Loss):
     """``CrossEntropyLoss(reduction="mean")(logits, target)``: :func:`cross_entropy`."""
 
     def forward(self, logits: Tensor, target: Any) -> Tensor:
-        ### BEGIN SOLUTION
         return cross_entropy(logits, target, self.reduction)
-        ### END SOLUTION
 
 
 class BCELoss(_Loss):
     """``BCELoss(reduction="mean")(probs, target)``: :func:`binary_cross_entropy`."""
 
     def forward(self, probs: Tensor, target: Any) -> Tensor:
-        ### BEGIN SOLUTION
         return binary_cross_entropy(probs, target, self.reduction)
-        ### END SOLUTION
 
 
 class BCEWithLogitsLoss(_Loss):
     """``BCEWithLogitsLoss(reduction="mean")(logits, target)``: :func:`binary_cross_entropy_with_logits`."""
 
     def forward(self, logits: Tensor, target: Any) -> Tensor:
-        ### BEGIN SOLUTION
         return binary_cross_entropy_with_logits(logits, target, self.reduction)
-        ### END SOLUTION
 
 
 # %% check=1

@@ -124,7 +124,7 @@ plt.show()
 # * turns its state into **plain data** with `state_dict()` — NumPy arrays copied
 #   to the host, numbers, strings, lists, dicts — and back with
 #   `load_state_dict()`, which copies each buffer onto its parameter's device and
-#   dtype. Checkpoints (Module 08) are restricted pickles of plain data, so a
+#   dtype. Checkpoints (Module 09) are restricted pickles of plain data, so a
 #   checkpoint can never smuggle in executable objects.
 #
 # An `update` **changes `param` in place** (`param -= ...`) rather than making a

@@ -569,7 +569,7 @@ print("shuffling OK")
 # `tinytrain.datasets.Digits` is a real data set that ships with the package:
 # 1,797 handwritten digits of 8×8 pixels (Alpaydin & Kaynak, 1998, from the UCI
 # repository), split into 1,437 training and 360 test images. Images are float32
-# in [0, 1] with shape `(1, 8, 8)` — one channel, so the CNN of Module 09 can
+# in [0, 1] with shape `(1, 8, 8)` — one channel, so the CNN of Module 10 can
 # read them; a dense model flattens them to 64 numbers.
 
 # %%
@@ -650,9 +650,9 @@ if plt is not None:
 # ## 5. Exact resume
 #
 # Long runs get interrupted: a preempted cloud machine, a time limit, a crash.
-# Module 08's `Trainer` saves a checkpoint and later continues from it, and the
-# promise is *exact* resume: the continued run computes bit for bit what an
-# uninterrupted run would have. For the data that means the same remaining
+# The `Trainer` (Modules 08 and 09) saves a checkpoint and later continues from
+# it, and the promise is *exact* resume: the continued run computes bit for bit
+# what an uninterrupted run would have. For the data that means the same remaining
 # batches of the current epoch, in the same order, and the same orders for all
 # later epochs. Three numbers pin that down:
 #
@@ -790,7 +790,7 @@ for name, shape in (("MNIST train", (60_000, 1, 28, 28)), ("CIFAR-10 train", (50
 #   (`SequentialSampler`, `RandomSampler` — our `_epoch_order`), a
 #   `BatchSampler` groups them (our `batch_indices`), and `collate_fn` stacks the
 #   samples (our `collate`). `DistributedSampler` gives each process of a
-#   data-parallel job its own share of the indices (Module 11 needs the same).
+#   data-parallel job its own share of the indices (Module 12 needs the same).
 # * Shuffling: `RandomSampler` draws a fresh seed from PyTorch's global
 #   generator at every `iter()` unless you pass `generator=`. Our loader always
 #   owns its generator, so its order does not depend on what else drew random

@@ -133,20 +133,16 @@ def test_sum_to_shape(student):
     np.testing.assert_array_equal(student.sum_to_shape(values, (4,)), values.sum(axis=(0, 1)))
 
 
-@check(points=1, hint="Add/Sub backward pass grad (negated for b in Sub) through sum_to_shape of each input's shape")
-def test_add_sub_backward(student):
-    a, b = RNG.standard_normal((3, 4)), RNG.standard_normal((4,))
-    assert_backward(student, "Add", [a, b])
-    assert_backward(student, "Sub", [a, b])
-    assert_backward(student, "Sub", [RNG.standard_normal((2, 1)), RNG.standard_normal((2, 3))])
 
 
-@check(points=2, hint="Mul: grad*b and grad*a; Div: grad/b and -grad*a/b**2; each through sum_to_shape")
-def test_mul_div_backward(student):
+
+@check(points=2, hint="Mul: grad*b for a and grad*a for b, each through sum_to_shape of its input's shape, and None "
+                      "for an input that needs no gradient")
+def test_mul_backward(student):
     a, b = RNG.standard_normal((3, 4)), RNG.uniform(0.5, 2.0, (3, 1))
     assert_backward(student, "Mul", [a, b])
-    assert_backward(student, "Div", [a, b])
-    assert_backward(student, "Div", [RNG.standard_normal(()), RNG.uniform(1.0, 2.0, (2, 2))])
+    assert_backward(student, "Mul", [RNG.standard_normal((4,)), RNG.standard_normal((2, 4))])
+    assert_backward(student, "Mul", [RNG.standard_normal(()), RNG.standard_normal((2, 2))])
 
 
 @check(points=1, hint="Pow: d/da = b * a**(b-1), d/db = a**b * log(a)")
@@ -162,54 +158,48 @@ def test_matmul_backward(student):
     assert_backward(student, "MatMul", [RNG.standard_normal((2, 3)), RNG.standard_normal((3,))])
 
 
-@check(points=2, hint="Sum/Mean copy grad back over the reduced axes (Mean divides by the count); Max splits it among tied winners")
-def test_reductions_backward(student):
+@check(points=2, hint="Max: the gradient goes to the element(s) equal to the maximum; tied winners share it "
+                      "equally; put the reduced axes back (keepdims) before comparing")
+def test_max_backward(student):
     x = RNG.standard_normal((3, 4))
-    for name in ("Sum", "Mean", "Max"):
-        assert_backward(student, name, [x], axis=None, keepdims=False)
-        assert_backward(student, name, [x], axis=(1,), keepdims=False)
-        assert_backward(student, name, [x], axis=(0,), keepdims=True)
+    assert_backward(student, "Max", [x], axis=None, keepdims=False)
+    assert_backward(student, "Max", [x], axis=(1,), keepdims=False)
+    assert_backward(student, "Max", [x], axis=(0,), keepdims=True)
     tied, out = _op(student, "Max", [np.array([[1.0, 5.0, 5.0], [2.0, 0.0, 1.0]])], axis=(1,), keepdims=False)
     assert tied.backward(np.ones(2))[0].tolist() == [[0, 0.5, 0.5], [1, 0, 0]], "tied maxima share the gradient"
 
 
-@check(points=1, hint="Transpose backward transposes grad by the inverse permutation of axes")
-def test_transpose_backward(student):
-    assert_backward(student, "Transpose", [RNG.standard_normal((2, 3, 4))], axes=(1, 2, 0))
-    assert_backward(student, "Transpose", [RNG.standard_normal((2, 3))], axes=(1, 0))
 
 
-@check(points=2, hint="Tanh: grad*(1-t^2); Sigmoid forward without overflow (use exp(-|a|)), backward grad*s*(1-s); ReLU: grad*(a>0)")
-def test_elementwise_backward(student):
-    x = RNG.standard_normal((3, 4))
-    for name in ("Tanh", "Sigmoid", "ReLU"):
-        assert_backward(student, name, [x])
-    sigmoid, out = _op(student, "Sigmoid", [np.array([-1000.0, 0.0, 1000.0])])
-    assert np.isfinite(out).all() and np.allclose(out, [0.0, 0.5, 1.0])
+
+@check(points=1, hint="Sigmoid forward: 1/(1+e^-|a|) for a >= 0 and e^-|a|/(1+e^-|a|) for a < 0 -- exp of a "
+                      "non-positive number never overflows")
+def test_sigmoid_forward_is_stable(student):
+    x = RNG.standard_normal((3, 4)) * 5
+    _, out = _op(student, "Sigmoid", [x])
+    np.testing.assert_allclose(out, 1 / (1 + np.exp(-x)), rtol=1e-12)
+    with np.errstate(over="raise"):
+        _, out = _op(student, "Sigmoid", [np.array([-1000.0, -30.0, 0.0, 30.0, 1000.0])])
+    assert np.isfinite(out).all() and np.allclose(out, [0.0, 1 / (1 + np.exp(30.0)), 0.5, 1 / (1 + np.exp(-30.0)), 1.0])
 
 
-@check(points=2, hint="Softmax/LogSoftmax: subtract the max first; backward s*(g - sum(g*s)) and g - exp(o)*sum(g)")
+@check(points=2, hint="Softmax: subtract the max along axis first; backward s*(g - sum(g*s, axis, keepdims=True))")
 def test_softmax_backward(student):
     x = RNG.standard_normal((3, 4))
-    for name in ("Softmax", "LogSoftmax"):
-        assert_backward(student, name, [x], axis=1)
-        assert_backward(student, name, [x], axis=0)
+    assert_backward(student, "Softmax", [x], axis=1)
+    assert_backward(student, "Softmax", [x], axis=0)
     _, probs = _op(student, "Softmax", [np.array([[1000.0, 0.0, -1000.0]])], axis=1)
     assert np.isfinite(probs).all() and np.allclose(probs, [[1, 0, 0]])
-    _, logp = _op(student, "LogSoftmax", [np.array([[1000.0, 0.0, -1000.0]])], axis=1)
-    assert np.allclose(logp, [[0, -1000, -2000]])
 
 
-@check(points=2, hint="GetItem backward scatters grad into zeros of the input's shape (scatter_add for integer arrays, "
-                      "so repeats add); Concatenate backward slices grad back into the pieces")
+@check(points=2, hint="GetItem backward scatters grad into zeros of the input's shape: scatter_add for integer "
+                      "arrays, so repeated picks add up; plain assignment for slices")
 def test_indexing_backward(student):
     x = RNG.standard_normal((4, 3))
     assert_backward(student, "GetItem", [x], index=(slice(1, 3), 0))
     assert_backward(student, "GetItem", [x], index=np.array([0, 2, 0]))
     picked, _ = _op(student, "GetItem", [np.array([1.0, 2.0, 3.0])], index=np.array([0, 0, 2]))
     assert picked.backward(np.ones(3))[0].tolist() == [2.0, 0.0, 1.0], "repeated indices add their gradients"
-    assert_backward(student, "Concatenate", [RNG.standard_normal((2, 3)), RNG.standard_normal((2, 1))], axis=1)
-    assert_backward(student, "Concatenate", [RNG.standard_normal((1, 2)), RNG.standard_normal((3, 2))], axis=0)
 
 
 @check(points=2, hint="backward rules compute with self.xp (NumPy on the CPU, CuPy on a GPU), never with np: "
@@ -217,12 +207,11 @@ def test_indexing_backward(student):
 def test_backward_rules_run_on_another_device(student):
     strict = tt.get_backend("strict")
     cases = [("GetItem", [(4, 3)], {"index": np.array([0, 2, 0])}), ("GetItem", [(4, 3)], {"index": (slice(1, 3), 0)}),
-             ("MatMul", [(2, 3), (3, 4)], {}), ("Mul", [(3, 4), (4,)], {}), ("Max", [(3, 4)], {"axis": (1,), "keepdims": False}),
-             ("Mean", [(3, 4)], {"axis": (0,), "keepdims": True}), ("Softmax", [(3, 4)], {"axis": 1}),
-             ("LogSoftmax", [(3, 4)], {"axis": 1}), ("Sigmoid", [(5,)], {}), ("ReLU", [(5,)], {}),
-             ("Concatenate", [(2, 3), (2, 1)], {"axis": 1}), ("Transpose", [(2, 3, 4)], {"axes": (1, 2, 0)})]
+             ("MatMul", [(2, 3), (3, 4)], {}), ("Mul", [(3, 4), (4,)], {}), ("Pow", [(3, 4), (4,)], {}),
+             ("Max", [(3, 4)], {"axis": (1,), "keepdims": False}), ("Softmax", [(3, 4)], {"axis": 1}),
+             ("Sigmoid", [(5,)], {})]
     for name, shapes, params in cases:
-        arrays = [RNG.standard_normal(shape).astype(np.float32) for shape in shapes]
+        arrays = [RNG.uniform(0.5, 2.0, shape).astype(np.float32) for shape in shapes]  # Pow needs a > 0
         fn, out = _op(student, name, arrays, **params)
         expected = fn.backward(np.ones_like(out))
         fn = getattr(student, name)()
@@ -275,7 +264,7 @@ def test_engine_none_gradients_and_nested_backward(student):
     assert a.grad.numpy().tolist() == [1.0, 1.0] and b.grad is None, f"expected b.grad None, got {b.grad}"
 
     class Doubled(InstalledFunction):
-        """Like Module 11's checkpointing: its backward runs a backward of its own."""
+        """Like Module 12's checkpointing: its backward runs a backward of its own."""
 
         def forward(self, a):
             self.a = a

@@ -40,35 +40,11 @@ def sum_to_shape(grad, shape):
     return grad
 
 
-class Add:
-    def backward(self, grad):
-        a_shape, b_shape = self.shapes
-        grad_a = sum_to_shape(grad, a_shape) if self.inputs[0].requires_grad else None
-        grad_b = sum_to_shape(grad, b_shape) if self.inputs[1].requires_grad else None
-        return grad_a, grad_b
-
-
-class Sub:
-    def backward(self, grad):
-        a_shape, b_shape = self.shapes
-        grad_a = sum_to_shape(grad, a_shape) if self.inputs[0].requires_grad else None
-        grad_b = -sum_to_shape(grad, b_shape) if self.inputs[1].requires_grad else None
-        return grad_a, grad_b
-
-
 class Mul:
     def backward(self, grad):
         a, b = self.a, self.b
         grad_a = sum_to_shape(grad * b, a.shape) if self.inputs[0].requires_grad else None
         grad_b = sum_to_shape(grad * a, b.shape) if self.inputs[1].requires_grad else None
-        return grad_a, grad_b
-
-
-class Div:
-    def backward(self, grad):
-        a, b = self.a, self.b
-        grad_a = sum_to_shape(grad / b, a.shape) if self.inputs[0].requires_grad else None
-        grad_b = sum_to_shape(-grad * a / (b * b), b.shape) if self.inputs[1].requires_grad else None
         return grad_a, grad_b
 
 
@@ -108,18 +84,6 @@ class MatMul:
         return grad_a, grad_b
 
 
-class Sum:
-    def backward(self, grad):
-        grad = _expand_reduced(self.xp, grad, self.axis, self.keepdims)
-        return (self.xp.broadcast_to(grad, self.shape),)
-
-
-class Mean:
-    def backward(self, grad):
-        grad = _expand_reduced(self.xp, grad, self.axis, self.keepdims)
-        return (self.xp.broadcast_to(grad / self.count, self.shape),)
-
-
 class Max:
     def backward(self, grad):
         winners = (self.a == self.peak).astype(self.a.dtype)
@@ -128,32 +92,11 @@ class Max:
         return (grad * share,)
 
 
-class Transpose:
-    def backward(self, grad):
-        ndim = len(self.axes)
-        axes = [ax % max(ndim, 1) for ax in self.axes]
-        inverse = tuple(sorted(range(ndim), key=lambda i: axes[i]))
-        return (grad.transpose(inverse),)
-
-
-class Tanh:
-    def backward(self, grad):
-        return (grad * (1 - self.out * self.out),)
-
-
 class Sigmoid:
     def forward(self, a):
         e = self.xp.exp(-self.xp.abs(a))  # always in (0, 1]: never overflows
         self.out = self.xp.where(a >= 0, 1 / (1 + e), e / (1 + e))
         return self.out
-
-    def backward(self, grad):
-        return (grad * self.out * (1 - self.out),)
-
-
-class ReLU:
-    def backward(self, grad):
-        return (grad * (self.out > 0),)
 
 
 class Softmax:
@@ -169,17 +112,6 @@ class Softmax:
         return (s * (grad - (grad * s).sum(axis=self.axis, keepdims=True)),)
 
 
-class LogSoftmax:
-    def forward(self, a, axis):
-        self.axis = axis
-        shifted = a - a.max(axis=axis, keepdims=True)
-        self.out = shifted - self.xp.log(self.xp.exp(shifted).sum(axis=axis, keepdims=True))
-        return self.out
-
-    def backward(self, grad):
-        return (grad - self.xp.exp(self.out) * grad.sum(axis=self.axis, keepdims=True),)
-
-
 class GetItem:
     def backward(self, grad):
         out = self.xp.zeros(self.shape, dtype=grad.dtype)
@@ -188,19 +120,6 @@ class GetItem:
         else:
             out[self.index] = grad
         return (out,)
-
-
-class Concatenate:
-    def backward(self, grad):
-        pieces = []
-        for i, t in enumerate(self.inputs):
-            if not t.requires_grad:
-                pieces.append(None)
-                continue
-            index = [slice(None)] * grad.ndim
-            index[self.axis] = slice(self.ends[i], self.ends[i + 1])
-            pieces.append(grad[tuple(index)])
-        return tuple(pieces)
 
 
 def backward(tensor, grad=None, retain_graph=False):

@@ -45,10 +45,6 @@ class Module:
             stack.extend(reversed(children))
         return found
 
-    def train(self, mode=True):
-        for module in self.modules():
-            module.training = bool(mode)
-        return self
 
     def to(self, device=None, dtype=None):
         target = None if device is None else get_backend(device)
@@ -119,36 +115,12 @@ class LinearFunction:
         return grad_x, grad_w, grad_b
 
 
-class Linear:
-    def __init__(self, in_features, out_features, bias=True):
-        bound = 1 / math.sqrt(in_features)
-        weight = _uniform_parameter((out_features, in_features), bound)
-        weight.data = np.asfortranarray(weight.data)  # column-major: the order of an (in, out) matrix
-        self.weight = weight
-        self.bias = _uniform_parameter((out_features,), bound) if bias else None
-
-    def forward(self, x):
-        return linear(x, self.weight, self.bias)
-
-
 class ModuleList:
     def append(self, module):
         if not isinstance(module, Module):
             raise TypeError(f"{type(self).__name__} holds Modules, got {type(module).__name__}")
         setattr(self, str(len(self._modules)), module)
         return self
-
-
-class Sequential:
-    def forward(self, x):
-        for module in self:
-            x = module(x)
-        return x
-
-
-class Flatten:
-    def forward(self, x):
-        return x.reshape(x.shape[0], math.prod(x.shape[1:]))
 
 
 def dropout(x, p=0.5, training=True):

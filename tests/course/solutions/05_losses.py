@@ -88,21 +88,3 @@ def binary_cross_entropy_with_logits(logits, target, reduction="mean"):
     return BinaryCrossEntropyWithLogits.apply(logits, target, reduction=reduction)
 
 
-class MSELoss:
-    def forward(self, pred, target):
-        return mse_loss(pred, target, self.reduction)
-
-
-class CrossEntropyLoss:
-    def forward(self, logits, target):
-        return cross_entropy(logits, target, self.reduction)
-
-
-class BCELoss:
-    def forward(self, probs, target):
-        return binary_cross_entropy(probs, target, self.reduction)
-
-
-class BCEWithLogitsLoss:
-    def forward(self, logits, target):
-        return binary_cross_entropy_with_logits(logits, target, self.reduction)

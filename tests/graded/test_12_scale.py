@@ -1,4 +1,4 @@
-"""Graded checks of Module 11 (scale): gradient checkpointing, dynamic loss scaling and
+"""Graded checks of Module 12 (scale): gradient checkpointing, dynamic loss scaling and
 data parallelism.
 
 ``student`` is the module's code: the installed package's, or a notebook's

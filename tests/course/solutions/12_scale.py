@@ -1,4 +1,4 @@
-"""Module 11 (scale): a student's solutions, written from the lesson alone."""
+"""Module 12 (scale): a student's solutions, written from the lesson alone."""
 
 
 class Recompute:

@@ -7,7 +7,7 @@
 # ---
 
 # %% [markdown]
-# # Module 10 — Accelerators: tinytrain on a GPU
+# # Module 11 — Accelerators: tinytrain on a GPU
 #
 # Everything so far ran on the CPU, through NumPy. A GPU has thousands of
 # arithmetic units and memory that is ten to fifty times faster than a CPU's —
@@ -334,7 +334,7 @@ except TypeError as error:
 # %% [markdown]
 # ## 6. Random numbers that resume exactly
 #
-# Module 08's checkpoints resume *bit-identically*: they store every random
+# Module 09's checkpoints resume *bit-identically*: they store every random
 # generator's state as plain data. NumPy's generator hands its state out as a
 # dict. A GPU generator's state is thousands of per-thread states in GPU memory,
 # which CuPy does not hand out at all. So we make the state small instead:

@@ -1,4 +1,4 @@
-"""Graded checks of Module 09 (convolutions): im2col and col2im, the convolution's
+"""Graded checks of Module 10 (convolutions): im2col and col2im, the convolution's
 forward and backward passes, ``conv2d`` and its errors, ``Conv2d``'s initialisation,
 max and average pooling (values, the first-maximum tie rule, overlapping windows)
 and a Conv -> BatchNorm2d -> ReLU -> MaxPool block.

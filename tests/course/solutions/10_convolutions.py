@@ -1,4 +1,4 @@
-"""Module 09 (convolutions): a student's solutions, written from the lesson alone."""
+"""Module 10 (convolutions): a student's solutions, written from the lesson alone."""
 
 
 def conv2d_loops(x, weight, bias=None, stride=1, padding=0):

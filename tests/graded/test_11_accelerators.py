@@ -1,4 +1,4 @@
-"""Graded checks of Module 10 (the cost model, the random stream, scatter-add, host <-> device copies).
+"""Graded checks of Module 11 (the cost model, the random stream, scatter-add, host <-> device copies).
 
 ``student`` is the module's code: the installed package's, or a notebook's
 (``tinytrain grade 10``). No GPU is needed: the student's ``CupyBackend`` runs

@@ -7,7 +7,7 @@
 # ---
 
 # %% [markdown]
-# # Module 09 — Convolutions
+# # Module 10 — Convolutions
 #
 # A `Linear` layer on a 28×28 image connects every pixel to every unit: it does
 # not know that neighbouring pixels belong together, and a digit shifted by one
@@ -1135,7 +1135,7 @@ buffers.max_bytes = limit
 # `torch.backends.cudnn.benchmark = True` times them on the first batch of each
 # shape and keeps the fastest. `model.to(memory_format=torch.channels_last)`
 # stores activations as NHWC, which tensor cores prefer. Our `Conv2d` runs on a
-# GPU unchanged through CuPy (Module 10): the same im2col, with cuBLAS doing the
+# GPU unchanged through CuPy (Module 11): the same im2col, with cuBLAS doing the
 # matrix product.
 #
 # ## Summary

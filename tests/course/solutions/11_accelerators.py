@@ -1,4 +1,4 @@
-"""Module 10 (accelerators): a student's solutions, written from the lesson alone."""
+"""Module 11 (accelerators): a student's solutions, written from the lesson alone."""
 
 
 def matmul_cost(m, k, n, itemsize=4):

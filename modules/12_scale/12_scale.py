@@ -7,7 +7,7 @@
 # ---
 
 # %% [markdown]
-# # Module 11 — Scale: gradient checkpointing, mixed precision, data parallelism
+# # Module 12 — Scale: gradient checkpointing, mixed precision, data parallelism
 #
 # The milestone MLP fits in a few megabytes. Real models do not: a model
 # outgrows its memory (activations, weights, optimizer state) long before it
