@@ -5,7 +5,7 @@ loss, backward, an SGD-with-momentum update, and reading the loss (``item()``,
 which waits for the GPU to finish). The models run unchanged on both devices
 (``model.to(device)``, batches made on the device); the first step's losses are
 checked to agree. The tiny models show launch overhead (the GPU can lose), the
-wide ones show throughput (Module 11, section 3).
+wide ones show throughput (Module 12, section 3).
 
     python benchmarks/gpu.py [--quick] [--device cuda:N] [--json [PATH]]
 

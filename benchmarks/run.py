@@ -39,7 +39,7 @@ import numpy as np  # noqa: E402
 import data_io  # noqa: E402
 import mlp_step  # noqa: E402
 
-try:  # the convolution benchmark comes with Module 10: measure(shape, quick, with_torch), peak_memory(shape)
+try:  # the convolution benchmark comes with Module 11: measure(shape, quick, with_torch), peak_memory(shape)
     import cnn_step
 except ImportError:
     cnn_step = None
@@ -255,7 +255,7 @@ def main() -> None:
     print()
     print(markdown(report))
     if report["cnn"] is None:
-        print("\nCNN figures missing: benchmarks/cnn_step.py (Module 10) is not there or lacks "
+        print("\nCNN figures missing: benchmarks/cnn_step.py (Module 11) is not there or lacks "
               "SHAPES, CLASSES, measure(shape, quick, with_torch) and peak_memory(shape).")
     memory = report["mlp_memory"]
     parts = ", ".join(f"{key} {value / 1e6:.2f} MB" for key, value in memory["theoretical_parts"].items())

@@ -1,4 +1,4 @@
-"""Mixed precision (Module 12): ``GradScaler`` and ``Trainer(precision="16-mixed")``.
+"""Mixed precision (Module 13): ``GradScaler`` and ``Trainer(precision="16-mixed")``.
 
 An overflow skips the step (weights untouched) and halves the scale; clean steps
 grow it; the masters and the optimizer state stay float32 while the forward and

@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -429,3 +430,16 @@ def test_repository_build_is_up_to_date() -> None:
     """The committed library files and notebooks match a fresh build of modules/."""
     stale = {path.relative_to(REPO).as_posix(): why for path, why in build.stale(REPO).items()}
     assert stale == {}, "run `tinytrain build`"
+
+
+@pytest.mark.parametrize("source", build.module_sources(REPO), ids=lambda path: path.stem)
+def test_every_lesson_is_one_sitting_and_says_so(source: Path) -> None:
+    """The header states the time and the number of functions to write; neither outgrows a sitting."""
+    from tinytrain.course.solutions import reference_bodies
+
+    match = re.search(r"^# \*One sitting, about ([\d.]+) hours?: the lesson, (\d+) functions to write", source.read_text(),
+                      re.M)
+    assert match, f"{source.name}: the title needs the line '*One sitting, about N hours: the lesson, K functions ...*'"
+    solutions = len(reference_bodies(source))
+    assert int(match[2]) == solutions, f"{source.name} says {match[2]} functions, it asks for {solutions}"
+    assert solutions <= 12 and float(match[1]) <= 3, f"{source.name}: {solutions} functions, {match[1]} hours"

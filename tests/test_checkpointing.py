@@ -1,4 +1,4 @@
-"""Gradient checkpointing (Module 12): ``tt.checkpoint(fn, *inputs)`` and ``nn.Checkpoint``.
+"""Gradient checkpointing (Module 13): ``tt.checkpoint(fn, *inputs)`` and ``nn.Checkpoint``.
 
 Checkpointed gradients equal plain ones exactly in float64 (dropout included: the
 recompute draws the same masks and leaves the generators where a plain run

@@ -85,7 +85,7 @@ def test_grade_reports_a_syntax_error_with_cell_and_line(tmp_path: Path, capsys)
         (["reset", "banana"], "unknown module 'banana'"),
         (["grade", "03", "--notebook", str(ROOT / "notebooks/04_layers.ipynb")], "is the notebook of module 04_layers, not 03"),
         (["grade", "03", "--notebook", str(ROOT / "pyproject.toml")], "is not a Jupyter notebook"),
-        (["milestone", "cnn"], "no milestone 'cnn' yet (the CNN milestone arrives with Module 10"),
+        (["milestone", "cnn"], "no milestone 'cnn' yet (the CNN milestone arrives with Module 11"),
         (["milestone", "gpt"], "no milestone 'gpt'"),
     ],
 )

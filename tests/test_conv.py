@@ -1,4 +1,4 @@
-"""Module 10: convolution, pooling and BatchNorm2d.
+"""Module 11: convolution, pooling and BatchNorm2d.
 
 Values against an independent NumPy reference (a sum over kernel offsets, not
 im2col), gradients with ``tt.gradcheck`` in float64 for input, weight and bias

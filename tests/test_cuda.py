@@ -1,4 +1,4 @@
-"""The CUDA backend (Module 11) without a GPU, and with one where there is one.
+"""The CUDA backend (Module 12) without a GPU, and with one where there is one.
 
 Three kinds of tests:
 

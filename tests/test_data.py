@@ -1,4 +1,4 @@
-"""Module 07: Dataset, TensorDataset, batch_indices, collate and the DataLoader
+"""Module 08: Dataset, TensorDataset, batch_indices, collate and the DataLoader
 (batching, dtypes, devices, shuffling, epochs, exact resume, errors)."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The whole library on every device, with no change to model code (Module 11).
+"""The whole library on every device, with no change to model code (Module 12).
 
 Every case below is written once, device-agnostically -- tensors are created
 with ``device=device``, models are built as usual and moved with

@@ -1,4 +1,4 @@
-"""Data-parallel training over MPI (Module 12): ``tinytrain.distributed``.
+"""Data-parallel training over MPI (Module 13): ``tinytrain.distributed``.
 
 The sharding and gradient averaging are tested in one process with stand-in
 communicators. The real thing runs under ``mpirun -n 2``: the test

@@ -16,7 +16,8 @@ from hypothesis.extra import numpy as hnp
 import tinytrain as tt
 import tinytrain.nn as nn
 import tinytrain.nn.functional as F
-from tinytrain.nn.layers import LinearFunction, normalize
+from tinytrain.nn.layers import LinearFunction
+from tinytrain.nn.normalization import normalize
 
 SEEDS = st.integers(0, 2**32 - 1)
 

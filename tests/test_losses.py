@@ -1,4 +1,4 @@
-"""Module 05: the losses (values, gradients, reductions, errors, modules, PyTorch).
+"""Module 06: the losses (values, gradients, reductions, errors, modules, PyTorch).
 
 Values are compared with NumPy references written out by hand (float64) and,
 when PyTorch is installed, with ``torch.nn.functional``; gradients with

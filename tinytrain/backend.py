@@ -195,5 +195,5 @@ def memory_order(array: Any) -> str:
 
 
 register_backend("cpu", NumpyBackend)
-register_backend("cuda", "tinytrain.cuda:CupyBackend")  # Module 11
+register_backend("cuda", "tinytrain.cuda:CupyBackend")  # Module 12
 register_backend("strict", "tinytrain.testing.strict:StrictBackend")  # the test device

@@ -9,6 +9,8 @@
 # %% [markdown]
 # # Module 01 — Tensors and the array backend
 #
+# *One sitting, about 1.5 hours: the lesson, 8 functions to write, and the measurements.*
+#
 # A deep-learning library is, at its heart, a box of numbers with a shape.
 # In this module you build that box — the `Tensor` — and the thin layer under it
 # that decides *where* the numbers live (CPU memory or a GPU) and *which* array
@@ -266,7 +268,7 @@ def memory_order(array: Any) -> str:
 
 
 register_backend("cpu", NumpyBackend)
-register_backend("cuda", "tinytrain.cuda:CupyBackend")  # Module 11
+register_backend("cuda", "tinytrain.cuda:CupyBackend")  # Module 12
 register_backend("strict", "tinytrain.testing.strict:StrictBackend")  # the test device
 
 # %% check=1

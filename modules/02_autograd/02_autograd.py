@@ -9,6 +9,8 @@
 # %% [markdown]
 # # Module 02 — Automatic differentiation
 #
+# *One sitting, about 2.5 hours: the lesson, 12 functions to write, and the measurements.*
+#
 # Training a network means nudging every weight against the gradient of the loss.
 # A network has millions of weights and the loss is a composition of thousands of
 # simple operations, so we need every partial derivative at once, exactly, and
@@ -767,7 +769,7 @@ print("indexing OK")
 # 3. repeat until the heap is empty.
 #
 # A `backward` may return `None` for an input even when that input requires a
-# gradient (Module 12's gradient checkpointing does, for an input it only needs
+# gradient (Module 13's gradient checkpointing does, for an input it only needs
 # for ordering): the engine then hands that input nothing. And a `backward` may
 # itself run `backward` on a graph of its own (checkpointing does that too), so
 # keep the engine's heap and collected gradients in local variables of one call,

@@ -9,6 +9,8 @@
 # %% [markdown]
 # # Module 03 — Activation functions
 #
+# *One sitting, about 1 hour: the lesson, 8 functions to write, and the measurements.*
+#
 # A neural network alternates two kinds of steps: a *linear* map (`x @ W + b`,
 # Module 04) and an elementwise *nonlinearity*, the **activation function**. The
 # linear maps hold the weights; the activations are what let a stack of them
@@ -68,7 +70,7 @@ print("with a relu between:    ", np.allclose(((x @ w1).relu() @ w2).numpy(), (x
 # | tanh | $\tanh x = 2\sigma(2x) - 1$ | $1 - \tanh^2 x \le 1$ | $(-1, 1)$ |
 #
 # * **Sigmoid** squashes any number into a probability; it is the right output
-#   for a yes/no question (Module 05's binary cross-entropy). Inside a network
+#   for a yes/no question (Module 06's binary cross-entropy). Inside a network
 #   it is a poor choice: its slope is at most $\tfrac14$, and far from 0 it is
 #   nearly flat — the unit **saturates**.
 # * **tanh** is a sigmoid stretched to $(-1, 1)$ and centred on 0; its slope at 0
@@ -388,7 +390,7 @@ print("shifted:", np.exp(shifted) / np.exp(shifted).sum())
 
 # %% [markdown]
 # **Log-softmax and log-sum-exp.** Losses need $\log \operatorname{softmax}$
-# (Module 05). Taking the log of a softmax loses everything that underflowed to
+# (Module 06). Taking the log of a softmax loses everything that underflowed to
 # 0: in float32, $\operatorname{softmax}(0, -200)_2 = e^{-200} \approx 10^{-87}$
 # rounds to 0, and $\log 0 = -\infty$. Written out instead,
 #
@@ -499,7 +501,7 @@ for name, f in [("relu", relu), ("sigmoid", sigmoid), ("tanh", tanh), ("gelu", g
 # backward). All of them are still small next to the matrix products between
 # activations. Saving $t$ too would shorten GELU's backward and add 4 bytes per
 # element: recomputation *trades time for memory*, the idea behind gradient
-# checkpointing in Module 12.
+# checkpointing in Module 13.
 #
 # A subtlety in the memory column: the saved array of relu, sigmoid and tanh *is*
 # their output, and the next layer usually keeps that output alive anyway, so it

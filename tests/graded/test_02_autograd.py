@@ -264,7 +264,7 @@ def test_engine_none_gradients_and_nested_backward(student):
     assert a.grad.numpy().tolist() == [1.0, 1.0] and b.grad is None, f"expected b.grad None, got {b.grad}"
 
     class Doubled(InstalledFunction):
-        """Like Module 12's checkpointing: its backward runs a backward of its own."""
+        """Like Module 13's checkpointing: its backward runs a backward of its own."""
 
         def forward(self, a):
             self.a = a

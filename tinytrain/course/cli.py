@@ -354,7 +354,7 @@ def _milestone(args: argparse.Namespace) -> int:
         raise
     available = sorted(getattr(milestones, "MILESTONES", {}))
     if args.name not in available:
-        later = " (the CNN milestone arrives with Module 10, convolutions)" if args.name == "cnn" else ""
+        later = " (the CNN milestone arrives with Module 11, convolutions)" if args.name == "cnn" else ""
         raise UsageError(f"no milestone {args.name!r} yet{later}; available: {', '.join(available) or 'none'}")
     return int(milestones.main(args.name, args.options) or 0)
 
@@ -416,7 +416,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     status_parser.add_argument("--no-checks", action="store_true", help="only say whose code is installed")
     status_parser.add_argument("--json", action="store_true", help="print the table as JSON")
     milestone_parser = _command(commands, "milestone", _milestone, "train a real model with the library: mlp, cnn")
-    milestone_parser.add_argument("name", metavar="NAME", help="mlp (after Module 08) or cnn (after Module 10)")
+    milestone_parser.add_argument("name", metavar="NAME", help="mlp (after Module 09) or cnn (after Module 11)")
     milestone_parser.add_argument("options", nargs=argparse.REMAINDER, help="the milestone's options (see NAME --help)")
     _command(commands, "doctor", _doctor, "check Python, NumPy, CuPy/GPU, Jupyter, the dataset cache and the install")
     args = parser.parse_args(argv)

@@ -73,9 +73,9 @@ def _check_cupy(root: Path | None) -> list[Finding]:
     """The GPU findings of ``tinytrain.cuda.gpu_report`` (driver, CuPy wheel, devices)."""
     try:
         from tinytrain.cuda import gpu_report
-    except Exception as error:  # e.g. a broken export of Module 01 or 10
+    except Exception as error:  # e.g. a broken export of Module 01 or 12
         return [Finding("FAIL", f"tinytrain.cuda does not import: {type(error).__name__}: {error}",
-                        "tinytrain reset 10 (or 01) restores the reference")]
+                        "tinytrain reset 12 (or 01) restores the reference")]
     return [Finding("FAIL" if not ok else "info" if fix else "ok", line, fix or "") for ok, line, fix in gpu_report()]
 
 

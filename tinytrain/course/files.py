@@ -1,7 +1,7 @@
 """Writing the tooling's files atomically.
 
 The tooling keeps its own copy of this small routine instead of using
-``tinytrain.serialization.atomic_write``: that one is student code (Module 09), and
+``tinytrain.serialization.atomic_write``: that one is student code (Module 10), and
 ``tinytrain build`` and ``tinytrain reset`` must work when a student's export is broken.
 """
 import contextlib

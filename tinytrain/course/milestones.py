@@ -2,7 +2,7 @@
 
 ``python milestones/mlp.py`` (or ``tinytrain milestone mlp``) trains a
 multi-layer perceptron; ``python milestones/cnn.py`` (``tinytrain milestone cnn``)
-a convolutional network (Module 10).
+a convolutional network (Module 11).
 Every run uses ``Trainer.fit`` with a cosine schedule, gradient clipping,
 per-epoch checkpoints (the last one and the best by validation accuracy), a CSV
 log and a PNG of the curves, all in ``--out``. It prints the test accuracy and
@@ -247,7 +247,7 @@ def build_cnn(image_shape: tuple[int, ...], classes: int, dataset: str) -> tt.nn
 MILESTONES = {
     "mlp": Milestone(
         name="mlp",
-        description="a multi-layer perceptron (Modules 01-08)",
+        description="a multi-layer perceptron (Modules 01-09)",
         datasets=("digits", "mnist", "fashion-mnist"),
         pass_marks={"digits": 0.97, "mnist": 0.98, "fashion-mnist": 0.88},
         defaults=Settings(),
@@ -255,7 +255,7 @@ MILESTONES = {
     ),
     "cnn": Milestone(
         name="cnn",
-        description="a convolutional network (Modules 01-10)",
+        description="a convolutional network (Modules 01-11)",
         datasets=("digits", "mnist", "fashion-mnist", "cifar10"),
         pass_marks={"digits": 0.98, "mnist": 0.99, "fashion-mnist": 0.90, "cifar10": 0.70},
         defaults=Settings(epochs=20, lr=0.05, min_lr=0.0005),

@@ -1,25 +1,13 @@
 """Neural-network building blocks: modules, layers, activations, losses.
 
-Hand-written: it gathers the names that the generated files of Modules 03-05
-and 09 define, so users write ``tt.nn.Linear`` and ``tt.nn.functional.relu``.
+Hand-written: it gathers the names that the generated files of Modules 03-06,
+11 and 13 define, so users write ``tt.nn.Linear`` and ``tt.nn.functional.relu``.
 """
 from tinytrain.nn import functional
 from tinytrain.nn.module import Module, Parameter
-from tinytrain.nn.layers import (
-    GELU,
-    BatchNorm1d,
-    Dropout,
-    Flatten,
-    LayerNorm,
-    Linear,
-    LogSoftmax,
-    ModuleList,
-    ReLU,
-    Sequential,
-    Sigmoid,
-    Softmax,
-    Tanh,
-)
+from tinytrain.nn.layers import GELU, Flatten, Linear, LogSoftmax, ModuleList, ReLU, Sequential, Sigmoid, Softmax, Tanh
+from tinytrain.nn.dropout import Dropout
+from tinytrain.nn.normalization import BatchNorm1d, LayerNorm
 from tinytrain.nn.losses import BCELoss, BCEWithLogitsLoss, CrossEntropyLoss, MSELoss
 from tinytrain.nn.conv import AvgPool2d, BatchNorm2d, Conv2d, MaxPool2d
 from tinytrain.nn.checkpointing import Checkpoint, checkpoint

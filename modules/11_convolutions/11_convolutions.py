@@ -1,0 +1,1160 @@
+# ---
+# jupyter:
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # Module 11 — Convolutions
+#
+# *One sitting, about 2.5 hours: the lesson, 11 functions to write, and the measurements.*
+#
+# A `Linear` layer on a 28×28 image connects every pixel to every unit: it does
+# not know that neighbouring pixels belong together, and a digit shifted by one
+# pixel looks like a new input. A **convolution** slides one small filter over
+# the whole image instead. The same few weights are used at every position
+# (*weight sharing*), so a feature detector learned in one corner works in every
+# corner, and the layer has $C_\text{in} \cdot C_\text{out} \cdot k^2$ weights
+# whatever the image size. Stacking convolutions and **pooling** layers (which
+# shrink the image) gives a network that sees small details first and larger
+# shapes later: a CNN.
+#
+# Written as the formula says, a convolution is seven nested loops — TinyTorch's
+# `Conv2d` is exactly that, and a small CNN's training step then takes about
+# 3,000 times as long as PyTorch's. Ours will be within a factor of two of
+# PyTorch, in NumPy, with code that is still short enough to read.
+#
+# **You will**
+# 1. write a convolution with loops, straight from the definition;
+# 2. turn it into **one matrix product** by unfolding the image into columns
+#    (*im2col*), and derive the backward pass: two more matrix products and a
+#    fold back (*col2im*);
+# 3. wrap it as `conv2d` / `Conv2d` with PyTorch's initialisation;
+# 4. write max and average pooling — with a rule for ties — and `BatchNorm2d`;
+# 5. time loops against im2col against PyTorch, find where the rest of the time
+#    goes (a NumPy reduction trap, and page faults), and fix it.
+
+# %%
+import os
+
+# One thread for the matrix products, set before NumPy loads: section 8 times
+# things, and on a small shared machine a second thread mostly waits for the first.
+for variable in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(variable, "1")
+
+import math
+import time
+
+import matplotlib.pyplot as plt
+import numpy as np
+
+import tinytrain as tt
+from tinytrain import Tensor
+
+try:
+    import torch  # optional: only for comparisons
+except ImportError:
+    torch = None
+
+# %% [markdown]
+# ## 1. What a convolution computes
+#
+# The input is a batch of images with channels, shape $(N, C, H, W)$ — for
+# MNIST $(N, 1, 28, 28)$, for colour images $C = 3$. A `Conv2d` layer with
+# $O$ output channels and a $k_H \times k_W$ kernel holds a weight $w$ of shape
+# $(O, C, k_H, k_W)$ — one filter per output channel, each spanning all input
+# channels — and a bias $b$ of shape $(O,)$. With **stride** $s$ (how far the
+# filter moves per step) and **padding** $p$ (zeros added around the border),
+# output channel $o$ at position $(r, q)$ is
+#
+# $$y_{n,o,r,q} = b_o + \sum_{c=0}^{C-1} \sum_{i=0}^{k_H-1} \sum_{j=0}^{k_W-1}
+#   w_{o,c,i,j}\; \tilde x_{n,\,c,\,r s + i,\,q s + j},$$
+#
+# where $\tilde x$ is the padded input. The filter fits
+# $H_\text{out} = \lfloor (H + 2p - k_H)/s \rfloor + 1$ times down the image
+# (and the same across). Two cases to remember: a 3×3 kernel with padding 1 and
+# stride 1 keeps the size ("same" convolution); stride 2 halves it.
+#
+# (Mathematicians would call this a *cross-correlation*: a true convolution
+# flips the kernel. Every deep-learning library computes the formula above and
+# calls it convolution; since the weights are learned, the flip does not matter.)
+#
+# **Worked example.** One 3×3 image and one 2×2 filter, stride 1, no padding:
+#
+# ```
+# x = 1 2 3      w = 1 0      y = 1·1 + 2·0 + 4·0 + 5·1   2·1 + 3·0 + 5·0 + 6·1   =  6  8
+#     4 5 6          0 1          4·1 + 5·0 + 7·0 + 8·1   5·1 + 6·0 + 8·0 + 9·1      12 14
+#     7 8 9
+# ```
+#
+# The output is 2×2 because the filter fits twice in each direction.
+#
+# ### The definition as loops
+#
+# Write it exactly like that: loop over the batch, the output channels and the
+# output positions, and take the sum over the window with NumPy. This version
+# works on plain NumPy arrays; it is our ground truth, not part of the library.
+
+# %%
+def conv2d_loops(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None = None,
+                 stride: int = 1, padding: int = 0) -> np.ndarray:
+    """The convolution formula, one output number at a time. ``x``: (N, C, H, W),
+    ``weight``: (O, C, kH, kW), ``bias``: (O,) or None; returns (N, O, H_out, W_out)."""
+    ### BEGIN SOLUTION
+    n_images, _, height, width = x.shape
+    out_channels, _, kh, kw = weight.shape
+    x = np.pad(x, ((0, 0), (0, 0), (padding, padding), (padding, padding)))
+    out_h = (height + 2 * padding - kh) // stride + 1
+    out_w = (width + 2 * padding - kw) // stride + 1
+    out = np.zeros((n_images, out_channels, out_h, out_w), dtype=x.dtype)
+    for n in range(n_images):
+        for o in range(out_channels):
+            for r in range(out_h):
+                for q in range(out_w):
+                    window = x[n, :, r * stride:r * stride + kh, q * stride:q * stride + kw]
+                    out[n, o, r, q] = (window * weight[o]).sum() + (0 if bias is None else bias[o])
+    return out
+    ### END SOLUTION
+
+
+# %% check=1
+x = np.arange(1.0, 10.0).reshape(1, 1, 3, 3)
+w = np.array([[[[1.0, 0.0], [0.0, 1.0]]]])
+assert conv2d_loops(x, w).tolist() == [[[[6.0, 8.0], [12.0, 14.0]]]]
+assert conv2d_loops(x, w, bias=np.array([0.5])).tolist() == [[[[6.5, 8.5], [12.5, 14.5]]]]
+assert conv2d_loops(x, w, padding=1).shape == (1, 1, 4, 4) and conv2d_loops(x, w, padding=1)[0, 0, 0, 0] == 1.0
+assert conv2d_loops(np.ones((2, 3, 5, 7)), np.ones((4, 3, 3, 3)), stride=2).shape == (2, 4, 2, 3)
+print("conv2d_loops OK")
+
+# %% [markdown]
+# ## 2. im2col: a convolution is one matrix product
+#
+# Look at the formula again. For a fixed output position $(r, q)$ the sum runs
+# over the $C k_H k_W$ numbers under the filter — the *patch* at that position —
+# and multiplies them with the $C k_H k_W$ numbers of the filter. That is a dot
+# product, and doing it for every filter and every position is a **matrix
+# product**:
+#
+# * write each patch as a column: the matrix of *columns* has
+#   $C k_H k_W$ rows and one column per output position,
+#   $L = H_\text{out} W_\text{out}$ (this unfolding is called **im2col**,
+#   "image to columns");
+# * write each filter as a row: `weight.reshape(O, C * kH * kW)`;
+# * then $Y = W_\text{rows}\,\text{cols}$ has shape $(O, L)$ — that is the output
+#   image, one row per channel — and adding $b$ to each row finishes the job.
+#
+# The reshape of the weight orders each row as $(c, i, j)$, so the column must
+# list its patch in the same order. Here is the unfolding of a 4×4 image with
+# a 2×2 window: every column is one window, read row by row.
+
+# %%
+image = np.arange(16).reshape(1, 1, 4, 4)
+windows = np.lib.stride_tricks.sliding_window_view(image, (2, 2), axis=(2, 3))  # (1, 1, 3, 3, 2, 2)
+columns = windows.transpose(0, 1, 4, 5, 2, 3).reshape(4, 9)
+print("image:\n", image[0, 0], "\n\ncolumns (one per window, 4 numbers each):\n", columns)
+
+fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3), gridspec_kw={"width_ratios": [1, 2.2]})
+left.imshow(image[0, 0], cmap="Blues", vmin=-8, vmax=24)
+left.add_patch(plt.Rectangle((0.5, 0.5), 2, 2, fill=False, edgecolor="red", linewidth=3))  # window 4
+for (row, col), value in np.ndenumerate(image[0, 0]):
+    left.text(col, row, value, ha="center", va="center")
+left.set_title("image: window (1, 1) in red")
+right.imshow(columns, cmap="Blues", vmin=-8, vmax=24)
+right.add_patch(plt.Rectangle((3.5, -0.5), 1, 4, fill=False, edgecolor="red", linewidth=3))
+for (row, col), value in np.ndenumerate(columns):
+    right.text(col, row, value, ha="center", va="center")
+right.set_title("im2col: one column per output position")
+right.set_xlabel("output position l = r * W_out + q")
+right.set_ylabel("(c, i, j)")
+for axis in (left, right):
+    axis.set_xticks([])
+    axis.set_yticks([])
+plt.tight_layout()
+plt.show()
+
+# %% [markdown]
+# ### Unfolding without loops: `sliding_window_view`
+#
+# NumPy's `sliding_window_view(x, (kH, kW), axis=(2, 3))` returns every
+# $k_H \times k_W$ window of the last two axes as an array of shape
+# $(N, C, H - k_H + 1, W - k_W + 1, k_H, k_W)$ — **without copying anything**: it
+# is a *view* whose strides step through the same memory again (moving one
+# window to the right is one element in memory, like moving one pixel). Slicing
+# `[:, :, ::sH, ::sW]` keeps every $s$-th window: that is the stride. Only the
+# final reshape into columns copies, because the columns overlap in the image
+# but not in the result — each pixel is copied about $k_H k_W$ times.
+#
+# We keep the batch axis in front: the columns are $(N, C k_H k_W, L)$ and
+# `xp.matmul(w_rows, cols)` multiplies the same $(O, C k_H k_W)$ filter matrix
+# with each image's columns, giving $(N, O, L)$ — which reshapes to the
+# $(N, O, H_\text{out}, W_\text{out})$ output for free. (Putting the batch into
+# the columns instead, $(C k_H k_W, N L)$, gives one larger product but an
+# $(O, N, \dots)$ result that must be transposed — a full copy of the output;
+# we measured it slower.)
+#
+# The function gets the array namespace `xp` (NumPy, CuPy, or the strict test
+# device) from its caller, like everything in a `Function`, so the same code
+# runs on a GPU. It writes into `out` when given one — section 8 explains why.
+
+# %% export="nn/conv"
+"""Convolution and pooling: ``Conv2d``, ``MaxPool2d``, ``AvgPool2d``, ``BatchNorm2d``
+and the functional forms ``conv2d``, ``max_pool2d`` and ``avg_pool2d``.
+
+``conv2d`` unfolds the image into columns (im2col, with ``sliding_window_view``)
+and computes every output with one matrix product; backward is two more products
+and a fold back (col2im) by strided additions, one per kernel offset. Pooling
+visits the ``kH * kW`` offsets of its window the same way. All array math goes
+through the backend's ``xp``, so the code runs unchanged on every device.
+"""
+import math
+import sys
+from typing import Any
+
+import numpy as np
+
+from tinytrain.runtime import allocator
+from tinytrain.autograd import Function
+from tinytrain.nn.layers import _uniform_parameter
+from tinytrain.nn.normalization import _BatchNorm
+from tinytrain.nn.module import Module
+from tinytrain.tensor import Tensor
+
+
+def _pair(value: Any, name: str, minimum: int = 1) -> tuple[int, int]:
+    """``3 -> (3, 3)``, ``(3, 5) -> (3, 5)``; ValueError below ``minimum``."""
+    def is_int(v: Any) -> bool:
+        return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
+
+    pair = (value, value) if is_int(value) else tuple(value) if isinstance(value, (tuple, list)) else ()
+    if len(pair) != 2 or not all(is_int(v) for v in pair):
+        raise TypeError(f"{name} must be an int or a pair of ints, got {value!r}")
+    if min(pair) < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value!r}")
+    return int(pair[0]), int(pair[1])
+
+
+def output_size(size: int, kernel: int, stride: int = 1, padding: int = 0) -> int:
+    """How many windows of ``kernel`` fit along an axis of ``size``: ``(size + 2p - k) // s + 1``."""
+    return (size + 2 * padding - kernel) // stride + 1
+
+
+def im2col(xp: Any, x: Any, kernel: tuple[int, int], stride: tuple[int, int], out: Any = None) -> Any:
+    """Unfold the (already padded) images ``x`` of shape ``(N, C, H, W)`` into columns.
+
+    Returns ``(N, C * kH * kW, H_out * W_out)``: column ``l = r * W_out + q`` of image
+    ``n`` lists the window at output position ``(r, q)`` in ``(c, i, j)`` order, so
+    that ``weight.reshape(O, -1) @ cols[n]`` is the convolution of image ``n``.
+    Writes into ``out`` (an array of the result's shape) when given, else into a
+    new array; either way this is the one copy.
+    """
+    ### BEGIN SOLUTION
+    kh, kw = kernel
+    windows = xp.lib.stride_tricks.sliding_window_view(x, (kh, kw), axis=(2, 3))[:, :, ::stride[0], ::stride[1]]
+    n, c, out_h, out_w = windows.shape[:4]
+    patches = windows.transpose(0, 1, 4, 5, 2, 3)  # (N, C, kH, kW, H_out, W_out): still a view
+    if out is None:
+        out = xp.empty((n, c * kh * kw, out_h * out_w), dtype=x.dtype)
+    out.reshape(patches.shape)[...] = patches
+    return out
+    ### END SOLUTION
+
+
+# %% check=1
+cols = im2col(np, np.arange(16.0).reshape(1, 1, 4, 4), (2, 2), (1, 1))
+assert cols.shape == (1, 4, 9) and cols[0, :, 0].tolist() == [0, 1, 4, 5] and cols[0, :, 8].tolist() == [10, 11, 14, 15]
+cols = im2col(np, np.arange(2 * 25.0).reshape(1, 2, 5, 5), (3, 3), (2, 2))
+assert cols.shape == (1, 18, 4), "stride 2 on 5x5 with a 3x3 window: 2x2 positions"
+assert cols[0, :9, 1].tolist() == [2, 3, 4, 7, 8, 9, 12, 13, 14] and cols[0, 9, 0] == 25
+buffer = np.empty((1, 18, 4))
+assert im2col(np, np.arange(50.0).reshape(1, 2, 5, 5), (3, 3), (2, 2), out=buffer) is buffer
+print("im2col OK")
+
+# %% [markdown]
+# ## 3. The backward pass: two products and col2im
+#
+# Write $G = \bar Y$ for the gradient arriving at the output, as $(N, O, L)$, and
+# $A = W_\text{rows}$, so that $Y_n = A\,\text{cols}_n + b$ for every image $n$.
+# This is a `Linear` layer in disguise (Module 04), and the rules are the same:
+#
+# $$\bar A = \sum_n G_n\, \text{cols}_n^\top, \qquad
+#   \overline{\text{cols}}_n = A^\top G_n, \qquad
+#   \bar b_o = \sum_{n, l} G_{n, o, l}.$$
+#
+# $\bar A$ reshapes back to the weight's $(O, C, k_H, k_W)$. The last step is new:
+# from $\overline{\text{cols}}$ to $\bar x$. Every entry of `cols` is a *copy* of
+# one input pixel, and a pixel used in several windows was copied several times;
+# its gradient is the **sum** of the gradients of all its copies (the same rule
+# as for a broadcast, Module 02). Folding the columns back while adding is
+# **col2im**.
+#
+# Done one column entry at a time that would be a Python loop over millions of
+# numbers. But look at the entries for one kernel offset $(i, j)$: over all output
+# positions they came from the pixels $\tilde x_{n, c, r s + i, q s + j}$ — a
+# strided slice of the image, `x[:, :, i : i + s*H_out : s, j : j + s*W_out : s]`.
+# So col2im is a loop over the $k_H k_W$ offsets (9 for a 3×3 kernel), each adding
+# a whole $(N, C, H_\text{out}, W_\text{out})$ block into its slice:
+#
+# ```python
+# for i in range(kH):
+#     for j in range(kW):
+#         grad_x[:, :, i : i + s*H_out : s, j : j + s*W_out : s] += grad_cols[:, :, i, j]
+# ```
+#
+# With stride 1 and a 3×3 kernel the nine slices overlap, which is why it must
+# be `+=`, never `=`. Finally, the gradient of a padded image has the padding
+# cut off: the zeros we added are not inputs.
+
+# %% export="nn/conv"
+def col2im(xp: Any, cols: Any, shape: tuple[int, ...], kernel: tuple[int, int], stride: tuple[int, int],
+           out: Any = None) -> Any:
+    """The adjoint of :func:`im2col`: add every entry of ``cols`` ``(N, C*kH*kW, L)``
+    back to the pixel of the (padded) image of ``shape`` ``(N, C, H, W)`` it was copied from.
+
+    Returns the image; pixels in several windows receive the sum. Adds into ``out``
+    (zeros of ``shape``) when given, else into a new array.
+    """
+    ### BEGIN SOLUTION
+    n, c, height, width = shape
+    kh, kw = kernel
+    sh, sw = stride
+    out_h, out_w = output_size(height, kh, sh), output_size(width, kw, sw)
+    patches = cols.reshape(n, c, kh, kw, out_h, out_w)
+    image = xp.zeros(shape, dtype=cols.dtype) if out is None else out
+    for i in range(kh):
+        for j in range(kw):
+            image[:, :, i:i + sh * (out_h - 1) + 1:sh, j:j + sw * (out_w - 1) + 1:sw] += patches[:, :, i, j]
+    return image
+    ### END SOLUTION
+
+
+# %% check=1
+ones = np.ones((1, 1, 3, 3))
+counts = col2im(np, im2col(np, ones, (2, 2), (1, 1)), ones.shape, (2, 2), (1, 1))
+assert counts[0, 0].tolist() == [[1, 2, 1], [2, 4, 2], [1, 2, 1]], "each pixel gets one per window it is in"
+rng = np.random.default_rng(0)
+a, b = rng.standard_normal((2, 3, 7, 6)), rng.standard_normal((2, 27, 6))  # 3x3 window, stride 2 -> 3x2 = 6
+assert np.isclose((im2col(np, a, (3, 3), (2, 2)) * b).sum(), (a * col2im(np, b, a.shape, (3, 3), (2, 2))).sum()), \
+    "col2im must be the adjoint of im2col: <im2col(a), b> == <a, col2im(b)>"
+print("col2im OK")
+
+# %% [markdown]
+# The second check is the definition of an *adjoint*: im2col is a linear map,
+# and col2im is its transpose, so $\langle \text{im2col}(a), b\rangle =
+# \langle a, \text{col2im}(b)\rangle$ for any $a, b$. That identity is exactly
+# what makes col2im the correct backward rule of im2col.
+#
+# ### Buffers that outlive a step
+#
+# The columns are the largest array of the whole training step: $k_H k_W$ times
+# the input (9× for a 3×3 kernel). Allocating them anew on every step costs more
+# than you would think. The C library hands large freed blocks back to the
+# operating system, and the next step pays a *page fault* for every 4 KiB page it
+# touches again — the kernel finds a page, zeroes it and maps it in (section 8
+# counts them). The remedy every framework uses is a *caching allocator*:
+# PyTorch's keeps GPU memory it has freed for the next request of a similar size.
+# Ours is deliberately small. `buffers.empty(xp, shape, dtype)` returns an array
+# it handed out before once **nothing else refers to it any more** — which
+# Python's reference count tells exactly, so an array that a tensor still holds,
+# that a graph saved for backward, or that another array views is never handed
+# out twice. The convolution and pooling operations below take their columns,
+# results and gradients from it; in the next training step the same arrays come
+# back. This class is given.
+#
+# There is a second remedy: tell the C library to keep freed memory.
+# `import tinytrain` does that where it can (glibc, on Linux:
+# `tinytrain/runtime/allocator.py`), and there the cache is switched off
+# (`max_bytes = 0`) — section 8 measures why.
+
+# %% export="nn/conv"
+class BufferCache:
+    """Reusable arrays for the large results and temporaries of convolution and pooling.
+
+    ``empty(xp, shape, dtype)`` is ``xp.empty(shape, dtype=dtype)`` and ``zeros`` is
+    ``xp.zeros``, except that for NumPy they return an array created earlier when
+    nothing outside the cache refers to it any more — Python's reference count says
+    so exactly: an array held by a tensor, saved by a graph, or viewed by another
+    array is never handed out twice. At most ``max_bytes`` are kept, the least
+    recently used dropped first; larger arrays are never kept. ``clear()`` drops
+    them all, and ``max_bytes = 0`` turns the cache off. Other devices allocate
+    directly (CuPy has a memory pool of its own).
+    """
+
+    def __init__(self, max_bytes: int = 128 << 20) -> None:
+        self.max_bytes = max_bytes
+        self._arrays: list[np.ndarray] = []  # least recently used first
+        # The reference count of an array that only the cache's list refers to, measured
+        # exactly the way _free() measures it (the number differs between Python versions).
+        self._alone = next(map(sys.getrefcount, [np.empty(0)])) if hasattr(sys, "getrefcount") else None
+
+    def empty(self, xp: Any, shape: tuple[int, ...], dtype: Any) -> Any:
+        """An uninitialised array of ``shape`` and ``dtype`` on ``xp``'s device."""
+        dtype = np.dtype(dtype)
+        nbytes = math.prod(shape) * dtype.itemsize
+        if xp is not np or self._alone is None or nbytes > self.max_bytes:
+            return xp.empty(shape, dtype=dtype)
+        free = self._free()
+        for index in free:
+            array = self._arrays[index]
+            if array.shape == shape and array.dtype == dtype:
+                self._arrays.append(self._arrays.pop(index))  # now the most recently used
+                return array
+        kept = self.nbytes
+        for index in free:  # least recently used first: drop unused arrays to make room
+            if kept + nbytes <= self.max_bytes:
+                break
+            kept -= self._arrays[index].nbytes
+            self._arrays[index] = None
+        self._arrays = [array for array in self._arrays if array is not None]
+        array = xp.empty(shape, dtype=dtype)
+        if kept + nbytes <= self.max_bytes:
+            self._arrays.append(array)
+        return array
+
+    def zeros(self, xp: Any, shape: tuple[int, ...], dtype: Any) -> Any:
+        """An array of zeros of ``shape`` and ``dtype`` on ``xp``'s device."""
+        if xp is not np:
+            return xp.zeros(shape, dtype=dtype)
+        array = self.empty(xp, shape, dtype)
+        array.fill(0)
+        return array
+
+    def _free(self) -> list[int]:
+        """Indices of the cached arrays that nothing else refers to."""
+        return [index for index, count in enumerate(map(sys.getrefcount, self._arrays)) if count <= self._alone]
+
+    def clear(self) -> None:
+        self._arrays = []
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by the cache, in use or not."""
+        return sum(array.nbytes for array in self._arrays)
+
+
+# Where the C heap keeps freed memory (tinytrain/runtime/allocator.py: glibc, set at import), a fresh
+# array reuses memory the last step freed and the step runs faster than with the cache's own
+# arrays (section 8 measures it); the cache serves where the heap cannot be told to keep it.
+buffers = BufferCache(max_bytes=0 if allocator.in_effect() else 128 << 20)
+
+
+# %% [markdown]
+# ### The convolution as one `Function`
+#
+# Forward: pad, unfold, one matrix product, add the bias. Save the columns (the
+# weight gradient needs them) and the weight (the input gradient needs it).
+# Backward: the three rules above, each only for an input that needs a gradient
+# (the images fed to the first layer never do — skipping them saves a product
+# and the whole col2im). Plain `xp.empty`/`xp.zeros` for the columns, the
+# result, the gradient of the columns and col2im's zeros are fine; the reference
+# takes them from `buffers` instead (`buffers.empty(xp, shape, dtype)`, same
+# arguments), which section 8 measures.
+#
+# * $\bar A$: `xp.matmul(g, cols.transpose(0, 2, 1))` gives one $(O, C k_H k_W)$
+#   matrix per image; sum them over the batch axis.
+# * $\overline{\text{cols}}$: `xp.matmul(w_rows.T, g, out=...)`, then `col2im`, then
+#   cut off the padding.
+# * $\bar b$: `g.sum(axis=(0, 2))`.
+
+# %% export="nn/conv"
+class Conv2dFunction(Function):
+    """``conv2d`` as one graph node: im2col and one matrix product forward; two
+    products and col2im backward. Inputs ``x`` (N, C, H, W), ``weight`` (O, C, kH, kW)
+    and optionally ``bias`` (O,); ``stride`` and ``padding`` are pairs of ints."""
+
+    def forward(self, x: Any, weight: Any, bias: Any = None, *, stride: tuple[int, int],
+                padding: tuple[int, int]) -> Any:
+        ### BEGIN SOLUTION
+        xp = self.xp
+        n = x.shape[0]
+        out_channels, _, kh, kw = weight.shape
+        if padding != (0, 0):
+            x = self.backend.pad(x, ((0, 0), (0, 0), (padding[0], padding[0]), (padding[1], padding[1])))
+        out_h, out_w = output_size(x.shape[2], kh, stride[0]), output_size(x.shape[3], kw, stride[1])
+        cols = im2col(xp, x, (kh, kw), stride,
+                      out=buffers.empty(xp, (n, x.shape[1] * kh * kw, out_h * out_w), x.dtype))
+        out = xp.matmul(weight.reshape(out_channels, -1), cols,  # (N, O, L): already the output's layout
+                        out=buffers.empty(xp, (n, out_channels, out_h * out_w), xp.result_type(weight, cols)))
+        if bias is not None:
+            out += bias.reshape(out_channels, 1)
+        self.cols, self.weight, self.padded_shape = cols, weight, x.shape
+        self.stride, self.padding = stride, padding
+        return out.reshape(n, out_channels, out_h, out_w)
+        ### END SOLUTION
+
+    def backward(self, grad: Any) -> tuple:
+        ### BEGIN SOLUTION
+        xp, cols, weight = self.xp, self.cols, self.weight
+        n, out_channels = grad.shape[:2]
+        g = grad.reshape(n, out_channels, -1)  # (N, O, L)
+        grad_x = grad_weight = None
+        if self.inputs[1].requires_grad:
+            grad_weight = xp.matmul(g, cols.transpose(0, 2, 1)).sum(axis=0).reshape(weight.shape)
+        if self.inputs[0].requires_grad:
+            grad_cols = xp.matmul(weight.reshape(out_channels, -1).T, g,
+                                  out=buffers.empty(xp, cols.shape, g.dtype))
+            grad_x = col2im(xp, grad_cols, self.padded_shape, weight.shape[2:], self.stride,
+                            out=buffers.zeros(xp, self.padded_shape, grad_cols.dtype))
+            (ph, pw), (height, width) = self.padding, self.padded_shape[2:]
+            grad_x = grad_x[:, :, ph:height - ph, pw:width - pw]  # the padding is not an input
+        if len(self.inputs) == 2:
+            return grad_x, grad_weight
+        return grad_x, grad_weight, g.sum(axis=(0, 2))
+        ### END SOLUTION
+
+
+# %% [markdown]
+# Check the forward pass against the loops (with strides, padding, rectangular
+# images and kernels) and the backward pass against central differences in
+# float64 (`tt.gradcheck`, Module 02):
+
+# %% check=2
+rng = np.random.default_rng(0)
+for (n, c, h, w_), (o, kh, kw), stride, padding in [
+    ((2, 3, 7, 6), (4, 3, 3), (1, 1), (1, 1)),
+    ((1, 2, 8, 5), (3, 3, 2), (2, 1), (0, 2)),
+    ((2, 1, 5, 5), (2, 5, 5), (2, 2), (2, 2)),
+]:
+    x, weight, bias = rng.standard_normal((n, c, h, w_)), rng.standard_normal((o, c, kh, kw)), rng.standard_normal(o)
+    ours = Conv2dFunction.apply(tt.tensor(x, dtype="float64"), tt.tensor(weight, dtype="float64"),
+                                tt.tensor(bias, dtype="float64"), stride=stride, padding=padding).numpy()
+    if stride[0] == stride[1] and padding[0] == padding[1]:
+        np.testing.assert_allclose(ours, conv2d_loops(x, weight, bias, stride[0], padding[0]), atol=1e-10)
+    assert ours.shape == (n, o, output_size(h, kh, stride[0], padding[0]), output_size(w_, kw, stride[1], padding[1]))
+    leaves = [tt.tensor(a, dtype="float64", requires_grad=True) for a in (x, weight, bias)]
+    assert tt.gradcheck(lambda x, w, b: Conv2dFunction.apply(x, w, b, stride=stride, padding=padding), leaves)
+print("Conv2dFunction OK")
+
+# %% [markdown]
+# ## 4. `conv2d` and `Conv2d`
+#
+# The functional form checks its arguments and names the shapes when they do not
+# fit; the module owns the weight and bias. The initialisation is PyTorch's, for
+# the same reason as `Linear`'s (Module 04): each output sums
+# $n = C k_H k_W$ products — the *fan-in* — so weight and bias are drawn from
+# $U(-1/\sqrt n,\ 1/\sqrt n)$.
+
+# %% export="nn/conv"
+def conv2d(x: Tensor, weight: Tensor, bias: Tensor | None = None, stride: Any = 1, padding: Any = 0, *,
+           b: Tensor | None = None) -> Tensor:
+    """2-D convolution (cross-correlation, as in every DL library) of ``x`` (N, C, H, W)
+    with ``weight`` (O, C, kH, kW) and an optional ``bias`` (O,) (also accepted as ``b=``).
+
+    ``stride`` (>= 1) and ``padding`` (>= 0, zeros) are ints or (height, width) pairs.
+    Returns (N, O, H_out, W_out) with ``H_out = (H + 2 * padding - kH) // stride + 1``.
+    Raises ``ValueError`` naming the shapes for a non-4-D input or weight, a channel
+    mismatch, a bias of the wrong shape, or an input that, padded, is smaller than
+    the kernel (name the kernel as ``kHxkW``, e.g. ``3x3``).
+    """
+    if b is not None:
+        if bias is not None:
+            raise TypeError("conv2d: give the bias once, as bias= or as b=")
+        bias = b
+    stride, padding = _pair(stride, "stride"), _pair(padding, "padding", minimum=0)
+    ### BEGIN SOLUTION
+    if x.ndim != 4:
+        raise ValueError(f"conv2d expects input of shape (N, C, H, W), got {x.shape}")
+    if weight.ndim != 4:
+        raise ValueError(f"conv2d expects a weight of shape (out_ch, in_ch, kH, kW), got {weight.shape}")
+    if x.shape[1] != weight.shape[1]:
+        raise ValueError(f"conv2d: the input {x.shape} has {x.shape[1]} channels, but the weight {weight.shape} "
+                         f"expects {weight.shape[1]}")
+    padded = (x.shape[2] + 2 * padding[0], x.shape[3] + 2 * padding[1])
+    if padded[0] < weight.shape[2] or padded[1] < weight.shape[3]:
+        raise ValueError(f"conv2d: the input {x.shape} (padded to {padded[0]}x{padded[1]}) is smaller than the "
+                         f"kernel {weight.shape[2]}x{weight.shape[3]} of the weight {weight.shape}")
+    if bias is None:
+        return Conv2dFunction.apply(x, x._operand(weight), stride=stride, padding=padding)
+    bias = x._operand(bias)
+    if bias.shape != (weight.shape[0],):
+        raise ValueError(f"conv2d: the bias must have shape ({weight.shape[0]},) for the weight {weight.shape}, "
+                         f"got {bias.shape}")
+    return Conv2dFunction.apply(x, x._operand(weight), bias, stride=stride, padding=padding)
+    ### END SOLUTION
+
+
+class Conv2d(Module):
+    """2-D convolution layer: ``y = conv2d(x, weight, bias, stride, padding)``.
+
+    ``weight`` is ``(out_channels, in_channels, kH, kW)`` and ``bias`` ``(out_channels,)``,
+    both from U(-1/sqrt(fan_in), 1/sqrt(fan_in)) with ``fan_in = in_channels * kH * kW``
+    (PyTorch's default). ``kernel_size``, ``stride`` and ``padding`` are ints or pairs.
+    """
+
+    def __init__(self, in_channels: int, out_channels: int, kernel_size: Any, stride: Any = 1, padding: Any = 0,
+                 bias: bool = True) -> None:
+        super().__init__()
+        if in_channels < 1 or out_channels < 1:
+            raise ValueError(f"Conv2d needs positive channel counts, got in_channels={in_channels}, "
+                             f"out_channels={out_channels}")
+        self.in_channels, self.out_channels = in_channels, out_channels
+        self.kernel_size = _pair(kernel_size, "kernel_size")
+        self.stride, self.padding = _pair(stride, "stride"), _pair(padding, "padding", minimum=0)
+        ### BEGIN SOLUTION
+        bound = 1 / math.sqrt(in_channels * self.kernel_size[0] * self.kernel_size[1])
+        self.weight = _uniform_parameter((out_channels, in_channels, *self.kernel_size), bound)
+        self.bias = _uniform_parameter((out_channels,), bound) if bias else None
+        ### END SOLUTION
+
+    def forward(self, x: Tensor) -> Tensor:
+        if x.ndim != 4 or x.shape[1] != self.in_channels:
+            raise ValueError(f"{self!r} expects input of shape (N, {self.in_channels}, H, W), got {x.shape}")
+        return conv2d(x, self.weight, self.bias, self.stride, self.padding)
+
+    def extra_repr(self) -> str:
+        return (f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, stride={self.stride}, "
+                f"padding={self.padding}, bias={self.bias is not None}")
+
+
+# %% check=2
+tt.manual_seed(0)
+layer = Conv2d(3, 8, 3, padding=1)
+assert layer.weight.shape == (8, 3, 3, 3) and layer.bias.shape == (8,) and layer.weight.dtype == np.float32
+bound = 1 / math.sqrt(27)
+assert np.abs(layer.weight.numpy()).max() <= bound and np.abs(layer.weight.numpy()).max() > 0.9 * bound
+assert [name for name, _ in layer.named_parameters()] == ["weight", "bias"]
+x = tt.randn(2, 3, 10, 9)
+assert layer(x).shape == (2, 8, 10, 9) and Conv2d(3, 4, (3, 2), stride=2)(x).shape == (2, 4, 4, 4)
+assert Conv2d(3, 4, 3, bias=False).bias is None and len(Conv2d(3, 4, 3, bias=False).parameters()) == 1
+expected = conv2d_loops(x.numpy(), layer.weight.numpy(), layer.bias.numpy(), padding=1)
+np.testing.assert_allclose(layer(x).numpy(), expected, rtol=1e-5, atol=1e-5)
+for bad_input, words in [(tt.randn(2, 4, 10, 9), ["(2, 4, 10, 9)", "3"]), (tt.randn(3, 10, 9), ["(3, 10, 9)"])]:
+    try:
+        layer(bad_input)
+    except ValueError as error:
+        assert all(word in str(error) for word in words), error
+    else:
+        raise AssertionError(f"an input of shape {bad_input.shape} must raise ValueError")
+try:
+    conv2d(tt.randn(1, 3, 2, 2), layer.weight)
+except ValueError as error:
+    assert "(1, 3, 2, 2)" in str(error) and "3x3" in str(error), error
+else:
+    raise AssertionError("an input smaller than the kernel must raise ValueError")
+print(layer, "OK")
+
+# %% [markdown]
+# ## 5. Pooling
+#
+# A **pooling** layer summarises each $k_H \times k_W$ window of each channel by
+# one number — its maximum (`MaxPool2d`) or its mean (`AvgPool2d`) — and usually
+# moves by its own size (stride = kernel size, the default), so a 2×2 pool halves
+# height and width. It has no weights. Max pooling keeps the strongest response
+# of a feature detector in each region, so the next layer sees *whether* a feature
+# occurred nearby, not exactly where.
+#
+# **Gradients.** The mean spreads the gradient evenly: each of the $k_H k_W$
+# inputs of a window gets $\bar y / (k_H k_W)$. The maximum passes the whole
+# gradient to the element that won and nothing to the others. When several
+# elements tie for the maximum (common after a ReLU: a window of zeros), we
+# follow PyTorch: the **first** maximum in the window, reading row by row, gets
+# everything. (Splitting it evenly, as our `Tensor.max` does, is also a valid
+# subgradient; what matters is one consistent rule, and PyTorch's lets us compare
+# gradients exactly.)
+#
+# ### Visiting the window offsets
+#
+# Think of the window's $k_H k_W$ offsets $(i, j)$ one at a time. For a fixed
+# offset, the elements of all windows form a strided slice of the input, exactly
+# as in col2im — shape $(N, C, H_\text{out}, W_\text{out})$, no copy. So the
+# maximum over the windows is `xp.maximum` of $k_H k_W$ slices (4 for a 2×2 pool),
+# and the winner's offset is tracked along the way: an offset replaces the best so
+# far only if it is **strictly** greater — that is the "first maximum" rule.
+# Backward hands the gradient of each window to the offset stored for it.
+#
+# How to get the slices:
+#
+# * when the windows **tile** the input — no overlap (stride = kernel) and the
+#   size divisible by the kernel — a free `reshape` to
+#   $(N, C, H_\text{out}, k_H, W_\text{out}, k_W)$ exposes offset $(i, j)$ as
+#   `blocks[:, :, :, i, :, j]`; every input element is in exactly one window, so
+#   the backward pass can *assign* each slice of an uninitialised array;
+# * otherwise (overlapping windows, or a remainder that no window covers)
+#   `sliding_window_view` gives offset $(i, j)$ as `windows[..., i, j]`, and
+#   backward must *add* into zeros, like col2im.
+#
+# (Why not simply `blocks.max(axis=(3, 5))`? Try it in section 8: NumPy's
+# reductions over short, strided axes are more than ten times slower than four
+# `maximum` calls.)
+
+# %% export="nn/conv"
+def _offsets(kernel: tuple[int, int]) -> list[tuple[int, int]]:
+    """The window offsets (i, j), row by row."""
+    return [(i, j) for i in range(kernel[0]) for j in range(kernel[1])]
+
+
+def _tiles(shape: tuple[int, ...], kernel: tuple[int, int], stride: tuple[int, int]) -> bool:
+    """Whether windows of ``kernel`` moved by ``stride`` cover an (N, C, H, W) input exactly once."""
+    return kernel == stride and shape[2] % kernel[0] == 0 and shape[3] % kernel[1] == 0
+
+
+def window_slices(xp: Any, x: Any, kernel: tuple[int, int], stride: tuple[int, int]) -> list[Any]:
+    """For each window offset (i, j), row by row, the view ``(N, C, H_out, W_out)`` of
+    the elements of ``x`` at that offset in every window (no copies)."""
+    n, c, height, width = x.shape
+    kh, kw = kernel
+    if _tiles(x.shape, kernel, stride):
+        blocks = x.reshape(n, c, height // kh, kh, width // kw, kw)  # a free view
+        return [blocks[:, :, :, i, :, j] for i, j in _offsets(kernel)]
+    windows = xp.lib.stride_tricks.sliding_window_view(x, kernel, axis=(2, 3))[:, :, ::stride[0], ::stride[1]]
+    return [windows[..., i, j] for i, j in _offsets(kernel)]
+
+
+def gradient_slices(xp: Any, shape: tuple[int, ...], kernel: tuple[int, int], stride: tuple[int, int],
+                    dtype: Any) -> tuple[Any, list[Any], bool]:
+    """``(grad_x, slices, tiled)``: an array for the input gradient and, per window
+    offset, the view of it that :func:`window_slices` reads from the input.
+
+    ``tiled``: the slices cover ``grad_x`` exactly once, so assign to them
+    (``grad_x`` is uninitialised); otherwise ``grad_x`` is zeros and slices may
+    overlap, so add to them.
+    """
+    n, c, height, width = shape
+    kh, kw = kernel
+    out_h, out_w = output_size(height, kh, stride[0]), output_size(width, kw, stride[1])
+    if _tiles(shape, kernel, stride):
+        blocks = buffers.empty(xp, (n, c, out_h, kh, out_w, kw), dtype)
+        return blocks.reshape(shape), [blocks[:, :, :, i, :, j] for i, j in _offsets(kernel)], True
+    grad_x = buffers.zeros(xp, shape, dtype)
+    rows = [slice(i, i + stride[0] * (out_h - 1) + 1, stride[0]) for i in range(kh)]
+    cols = [slice(j, j + stride[1] * (out_w - 1) + 1, stride[1]) for j in range(kw)]
+    return grad_x, [grad_x[:, :, rows[i], cols[j]] for i, j in _offsets(kernel)], False
+
+
+class MaxPool2dFunction(Function):
+    """Maximum over each window. Backward routes each window's gradient to its
+    first maximum (row by row), as PyTorch does. A window holding NaN gives NaN."""
+
+    def forward(self, x: Any, *, kernel: tuple[int, int], stride: tuple[int, int]) -> Any:
+        ### BEGIN SOLUTION
+        xp = self.xp
+        slices = window_slices(xp, x, kernel, stride)
+        best = buffers.empty(xp, slices[0].shape, x.dtype)
+        best[...] = slices[0]
+        # The offset of the first maximum: uint8 holds the 256 offsets of a 16x16 window.
+        winner = xp.zeros(best.shape, dtype=xp.uint8 if len(slices) <= 256 else xp.int32)
+        for k in range(1, len(slices)):
+            better = slices[k] > best  # strictly: on a tie the earlier offset stays the winner
+            # offsets only grow, so "set winner to k where better" is a maximum (and 20x faster than masking)
+            xp.maximum(winner, better * winner.dtype.type(k), out=winner)
+            xp.maximum(best, slices[k], out=best)
+        self.winner, self.shape, self.kernel, self.stride = winner, x.shape, kernel, stride
+        return best
+        ### END SOLUTION
+
+    def backward(self, grad: Any) -> tuple:
+        ### BEGIN SOLUTION
+        xp = self.xp
+        grad_x, slices, tiled = gradient_slices(xp, self.shape, self.kernel, self.stride, grad.dtype)
+        for k, target in enumerate(slices):
+            if tiled:
+                xp.multiply(grad, self.winner == k, out=target)
+            else:
+                target += grad * (self.winner == k)
+        return (grad_x,)
+        ### END SOLUTION
+
+
+class AvgPool2dFunction(Function):
+    """Mean over each window; backward gives every element of a window an equal share."""
+
+    def forward(self, x: Any, *, kernel: tuple[int, int], stride: tuple[int, int]) -> Any:
+        ### BEGIN SOLUTION
+        slices = window_slices(self.xp, x, kernel, stride)
+        total = buffers.empty(self.xp, slices[0].shape, x.dtype)
+        total[...] = slices[0]
+        for part in slices[1:]:
+            total += part
+        total /= len(slices)
+        self.shape, self.kernel, self.stride = x.shape, kernel, stride
+        return total
+        ### END SOLUTION
+
+    def backward(self, grad: Any) -> tuple:
+        ### BEGIN SOLUTION
+        share = grad / (self.kernel[0] * self.kernel[1])
+        grad_x, slices, tiled = gradient_slices(self.xp, self.shape, self.kernel, self.stride, grad.dtype)
+        for target in slices:
+            if tiled:
+                target[...] = share
+            else:
+                target += share
+        return (grad_x,)
+        ### END SOLUTION
+
+
+def _pool_arguments(name: str, x: Tensor, kernel_size: Any, stride: Any) -> tuple[tuple[int, int], tuple[int, int]]:
+    """Checked ``(kernel, stride)`` pairs for pooling ``x`` (stride defaults to the kernel)."""
+    kernel = _pair(kernel_size, "kernel_size")
+    stride = kernel if stride is None else _pair(stride, "stride")
+    if x.ndim != 4:
+        raise ValueError(f"{name} expects input of shape (N, C, H, W), got {x.shape}")
+    if x.shape[2] < kernel[0] or x.shape[3] < kernel[1]:
+        raise ValueError(f"{name}: the input {x.shape} is smaller than the window {kernel[0]}x{kernel[1]}")
+    return kernel, stride
+
+
+def max_pool2d(x: Tensor, kernel_size: Any, stride: Any = None) -> Tensor:
+    """Maximum over ``kernel_size`` windows moved by ``stride`` (default: the kernel
+    size) of ``x`` (N, C, H, W). Gradient: to each window's first maximum."""
+    kernel, stride = _pool_arguments("max_pool2d", x, kernel_size, stride)
+    return MaxPool2dFunction.apply(x, kernel=kernel, stride=stride)
+
+
+def avg_pool2d(x: Tensor, kernel_size: Any, stride: Any = None) -> Tensor:
+    """Mean over ``kernel_size`` windows moved by ``stride`` (default: the kernel size)
+    of ``x`` (N, C, H, W)."""
+    kernel, stride = _pool_arguments("avg_pool2d", x, kernel_size, stride)
+    return AvgPool2dFunction.apply(x, kernel=kernel, stride=stride)
+
+
+class MaxPool2d(Module):
+    """``max_pool2d`` as a layer; ``stride`` defaults to ``kernel_size``."""
+
+    def __init__(self, kernel_size: Any, stride: Any = None) -> None:
+        super().__init__()
+        self.kernel_size = _pair(kernel_size, "kernel_size")
+        self.stride = self.kernel_size if stride is None else _pair(stride, "stride")
+
+    def forward(self, x: Tensor) -> Tensor:
+        return max_pool2d(x, self.kernel_size, self.stride)
+
+    def extra_repr(self) -> str:
+        return f"kernel_size={self.kernel_size}, stride={self.stride}"
+
+
+class AvgPool2d(MaxPool2d):
+    """``avg_pool2d`` as a layer; ``stride`` defaults to ``kernel_size``."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return avg_pool2d(x, self.kernel_size, self.stride)
+
+
+# %% check=2
+x = tt.tensor([[[[1.0, 3.0, 2.0, 2.0], [3.0, 0.0, 2.0, 1.0], [5.0, 6.0, 0.0, 0.0], [7.0, 8.0, 0.0, -1.0]]]],
+              requires_grad=True)
+y = max_pool2d(x, 2)
+assert y.numpy().tolist() == [[[[3.0, 2.0], [8.0, 0.0]]]]
+y.backward(tt.tensor([[[[10.0, 20.0], [30.0, 40.0]]]]))
+assert x.grad.numpy()[0, 0].tolist() == [[0, 10, 20, 0], [0, 0, 0, 0], [0, 0, 40, 0], [0, 30, 0, 0]], \
+    "ties: the first maximum in each window (row by row) gets the gradient"
+x.grad = None
+y = avg_pool2d(x, 2)
+assert y.numpy().tolist() == [[[[1.75, 1.75], [6.5, -0.25]]]]
+y.sum().backward()
+assert (x.grad.numpy() == 0.25).all()
+overlapping = max_pool2d(tt.tensor(np.arange(25.0).reshape(1, 1, 5, 5)), 3, stride=1)
+assert overlapping.numpy()[0, 0].tolist() == [[12, 13, 14], [17, 18, 19], [22, 23, 24]]
+x64 = tt.tensor(np.random.default_rng(1).permutation(70).reshape(1, 2, 5, 7) / 7.0, dtype="float64",
+                requires_grad=True)  # distinct values: finite differences are exact away from ties
+for kernel, stride in [(2, None), (3, 1), ((2, 3), (1, 2)), (2, 3)]:
+    assert tt.gradcheck(lambda x: max_pool2d(x, kernel, stride), [x64])
+    assert tt.gradcheck(lambda x: avg_pool2d(x, kernel, stride), [x64])
+assert MaxPool2d(2)(tt.randn(2, 3, 9, 8)).shape == (2, 3, 4, 4)
+assert AvgPool2d(3, 2)(tt.randn(1, 1, 7, 7)).shape == (1, 1, 3, 3)
+print("pooling OK")
+
+# %% [markdown]
+# ## 6. `BatchNorm2d`
+#
+# Batch normalisation (Module 04) for images normalises each **channel** over the
+# batch *and* all positions: for $(N, C, H, W)$ the statistics of channel $c$ come
+# from $N H W$ numbers, since a feature detector's output should be treated the
+# same wherever in the image it fires. Module 04's `_BatchNorm` already
+# normalises over every axis but axis 1, so the 2-D version only declares that it
+# takes 4-D inputs. Check it against the statistics computed by hand:
+
+# %% export="nn/conv"
+class BatchNorm2d(_BatchNorm):
+    """Batch normalisation of ``(N, C, H, W)`` inputs per channel ``C``, over ``N``, ``H`` and ``W``.
+
+    ``weight``/``bias`` ``(C,)``; running mean and (unbiased) variance with momentum
+    0.1 in training mode, used in evaluation mode; eps 1e-5 — as in PyTorch.
+    """
+
+    input_ndims = (4,)
+
+
+# %%
+a = np.random.default_rng(2).normal(1.0, 3.0, size=(4, 3, 5, 6)).astype(np.float32)
+bn = BatchNorm2d(3)
+out = bn(tt.tensor(a)).numpy()
+mean, var = a.mean(axis=(0, 2, 3), keepdims=True), a.var(axis=(0, 2, 3), keepdims=True)
+np.testing.assert_allclose(out, (a - mean) / np.sqrt(var + 1e-5), rtol=1e-4, atol=1e-4)
+np.testing.assert_allclose(bn.running_var.numpy(), 0.9 + 0.1 * a.var(axis=(0, 2, 3), ddof=1), rtol=1e-5)
+try:
+    bn(tt.randn(4, 3, 5))
+except ValueError as error:
+    assert "(4, 3, 5)" in str(error)
+else:
+    raise AssertionError("BatchNorm2d must refuse a 3-D input")
+bn64 = BatchNorm2d(2).to(dtype="float64")
+assert tt.gradcheck(lambda x, w, b: bn64(x), [tt.randn(3, 2, 2, 3, dtype="float64", requires_grad=True),
+                                             bn64.weight, bn64.bias])
+print("BatchNorm2d OK")
+
+# %% [markdown]
+# ## 7. Check everything against the loops
+#
+# The loops of section 1 are slow but obviously right. Random small inputs with
+# every combination of stride and padding must give the same result as im2col:
+
+# %% check=1
+rng = np.random.default_rng(3)
+for trial in range(12):
+    n, c, o = rng.integers(1, 3), rng.integers(1, 4), rng.integers(1, 4)
+    k, stride, padding = rng.integers(1, 4), rng.integers(1, 3), rng.integers(0, 3)
+    h, w_ = rng.integers(k, 9), rng.integers(k, 9)
+    x, weight, bias = rng.standard_normal((n, c, h, w_)), rng.standard_normal((o, c, k, k)), rng.standard_normal(o)
+    ours = conv2d(tt.tensor(x, dtype="float64"), tt.tensor(weight, dtype="float64"), tt.tensor(bias, dtype="float64"),
+                  stride=int(stride), padding=int(padding)).numpy()
+    np.testing.assert_allclose(ours, conv2d_loops(x, weight, bias, int(stride), int(padding)), atol=1e-10)
+print("im2col == loops on 12 random shapes")
+
+# %% [markdown]
+# When PyTorch is installed, compare with it too — forward and all three
+# gradients, with the same weights:
+
+# %%
+if torch is not None:
+    x = tt.randn(4, 3, 11, 9, requires_grad=True)
+    layer = Conv2d(3, 5, 3, stride=2, padding=1)
+    reference = torch.nn.Conv2d(3, 5, 3, stride=2, padding=1)
+    reference.load_state_dict({name: torch.from_numpy(p.numpy()) for name, p in layer.named_parameters()})
+    x_torch = torch.from_numpy(x.numpy()).requires_grad_()
+    max_pool2d(layer(x), 2, 1).sum().backward()
+    torch.nn.functional.max_pool2d(reference(x_torch), 2, 1).sum().backward()
+    for ours, theirs in [(x.grad, x_torch.grad), (layer.weight.grad, reference.weight.grad),
+                         (layer.bias.grad, reference.bias.grad)]:
+        print(f"largest difference from PyTorch: {np.abs(ours.numpy() - theirs.numpy()).max():.1e}")
+else:
+    print("PyTorch is not installed: skipping the comparison")
+
+# %% [markdown]
+# ## 8. Systems: how fast, and where the time goes
+#
+# ### Loops against im2col against PyTorch
+#
+# Time the forward pass of the first layer of the MNIST network — 1 → 8
+# channels, 3×3, padding 1 — on a batch of 28×28 images. The loop version gets
+# a small batch (it is slow); we report time per image.
+
+# %%
+def best_of(fn, repeats: int = 5) -> float:
+    """The fastest of ``repeats`` calls, in seconds (the least disturbed by other programs)."""
+    fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+tt.manual_seed(0)
+conv = Conv2d(1, 8, 3, padding=1)
+images = tt.randn(64, 1, 28, 28)
+w_host, b_host, x_host = conv.weight.numpy(), conv.bias.numpy(), images.numpy()
+per_image = {
+    "loops (NumPy per output)": best_of(lambda: conv2d_loops(x_host[:2], w_host, b_host, padding=1), 1) / 2,
+    "im2col (tinytrain)": best_of(lambda: conv(images)) / 64,
+}
+if torch is not None:
+    torch.set_num_threads(1)  # like NumPy's BLAS here: on a small shared machine, extra threads mostly wait
+    torch_conv = torch.nn.Conv2d(1, 8, 3, padding=1)
+    torch_images = torch.from_numpy(x_host)
+    with torch.no_grad():
+        per_image["PyTorch"] = best_of(lambda: torch_conv(torch_images)) / 64
+fastest = min(per_image.values())
+print(f"{'forward pass, 1->8 channels, 28x28':38s} {'µs per image':>13s} {'vs fastest':>11s}")
+for name, seconds in per_image.items():
+    print(f"{name:38s} {seconds * 1e6:13.1f} {seconds / fastest:10.1f}x")
+
+# %% [markdown]
+# The loops pay Python's interpreter for each of the $8 \cdot 28 \cdot 28 = 6{,}272$
+# outputs per image; im2col pays it for a handful of NumPy calls per *batch* and
+# leaves the arithmetic to a matrix-product routine (BLAS) that uses the
+# processor's vector units. On our 2-core test machine the im2col version was
+# 4,000–8,000 times faster than the loops and within 1.2× of PyTorch for this
+# small layer (your numbers will differ; run the cell again to see the noise).
+#
+# ### The reduction trap
+#
+# Here is the pooling shortcut from section 5 against the offset loop we used:
+
+# %%
+activations = np.maximum(np.random.default_rng(0).standard_normal((128, 8, 28, 28), dtype=np.float32), 0)
+
+
+def pool_by_reduction():
+    return activations.reshape(128, 8, 14, 2, 14, 2).max(axis=(3, 5))
+
+
+def pool_by_offsets():
+    best = activations[:, :, 0::2, 0::2].copy()
+    for i, j in [(0, 1), (1, 0), (1, 1)]:
+        np.maximum(best, activations[:, :, i::2, j::2], out=best)
+    return best
+
+
+assert np.array_equal(pool_by_reduction(), pool_by_offsets())
+reduction, offsets = best_of(pool_by_reduction), best_of(pool_by_offsets)
+print(f"max pool 2x2 of (128, 8, 28, 28): .max(axis=(3, 5)) {reduction * 1e3:.2f} ms, "
+      f"4 maximum calls {offsets * 1e3:.2f} ms ({reduction / offsets:.0f}x)")
+
+# %% [markdown]
+# Same numbers, same memory, about 50 times slower (on our machine). The
+# reduction walks axes of length 2 in its inner loop, paying NumPy's per-loop
+# overhead for every two elements; `maximum` on two slices runs its inner loop
+# along a row of 14. *Where* the loops run matters as much as how many
+# operations there are.
+#
+# ### A whole training step, and page faults
+#
+# Now the MNIST-shaped training step of `benchmarks/cnn_step.py`: batch 128,
+# Conv 1→8, ReLU, MaxPool, Conv 8→16, ReLU, MaxPool, Linear 784→10,
+# cross-entropy, SGD with momentum. Besides the time we count *minor page
+# faults* — each one is the operating system handing the process a fresh 4 KiB
+# page, usually because freed memory went back to the system and is needed
+# again — under four settings: the C library's defaults, without and with the
+# buffer cache of section 3, and the C library told to keep freed memory
+# (`tinytrain.runtime.allocator`, what `import tinytrain` does on Linux), without and
+# with the cache.
+
+# %%
+try:
+    import resource  # Unix only
+except ImportError:
+    resource = None
+
+
+def mnist_step_fn():
+    tt.manual_seed(0)
+    model = tt.nn.Sequential(Conv2d(1, 8, 3, padding=1), tt.nn.ReLU(), MaxPool2d(2),
+                             Conv2d(8, 16, 3, padding=1), tt.nn.ReLU(), MaxPool2d(2),
+                             tt.nn.Flatten(), tt.nn.Linear(784, 10))
+    optimizer = tt.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    x, y = tt.randn(128, 1, 28, 28), tt.tensor(np.random.default_rng(0).integers(0, 10, 128))
+
+    def step():
+        optimizer.zero_grad()
+        tt.nn.functional.cross_entropy(model(x), y).backward()
+        optimizer.step()
+    return step
+
+
+def faults() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt if resource else 0
+
+
+from tinytrain.runtime import allocator
+
+step = mnist_step_fn()
+was_keeping, limit = allocator.in_effect(), buffers.max_bytes
+for label, keep, cache_bytes in [("C library defaults", False, 0), ("defaults + buffer cache", False, 128 << 20),
+                                 ("keep freed memory", True, 0), ("keep freed + buffer cache", True, 128 << 20)]:
+    allocator.keep_freed_memory() if keep else allocator.return_freed_memory()
+    buffers.clear()
+    buffers.max_bytes = cache_bytes
+    seconds = best_of(step, 10)
+    before = faults()
+    for _ in range(10):
+        step()
+    print(f"{label:25s} {seconds * 1e3:6.1f} ms per step, {(faults() - before) / 10:6.0f} page faults per step, "
+          f"{buffers.nbytes / 2**20:5.1f} MiB cached")
+allocator.keep_freed_memory() if was_keeping else allocator.return_freed_memory()
+buffers.clear()
+buffers.max_bytes = limit
+
+# %% [markdown]
+# With the C library's defaults (made pessimistic here:
+# `return_freed_memory()` also stops glibc from raising its threshold as large
+# blocks come and go) every step faults in thousands of pages again: the columns
+# (3.6 + 7.2 MiB for the two convolutions), the second convolution's column
+# gradient (7.2 MiB), the outputs and gradients of convolution and pooling; the
+# kernel zeroes every page before handing it over. On our machine:
+#
+# | setting | ms per step | page faults per step |
+# |---|---:|---:|
+# | C library defaults | 32.9 | 9,143 |
+# | defaults + buffer cache | 24.8 | 3,865 |
+# | keep freed memory | 16.6 | 0 |
+# | keep freed memory + buffer cache | 19.1 | 0 |
+#
+# The buffer cache removes the faults of the arrays it holds; the others (ReLU's
+# outputs, gradients, the matrix products' results) still fault. Keeping freed
+# memory in the heap removes every fault and is faster than the cache, and
+# adding the cache on top makes the step *slower*. Most likely the reason is
+# where the arrays lie: the heap hands an array freed at the end of one step back
+# at the next from memory the step just used, while the cache keeps 28.6 MiB of
+# arrays of its own, more than the CPU's caches hold. So `buffers` is switched
+# off wherever `tinytrain.runtime.allocator.in_effect()` (on Linux, unless
+# `TINYTRAIN_KEEP_FREED_MEMORY=0`) and serves where the C library cannot be told
+# (macOS, for one). The price of either remedy is memory: the process keeps
+# about its peak until it exits, as PyTorch's caching allocators do.
+#
+# `benchmarks/cnn_step.py` times this step and a CIFAR-shaped one against
+# hand-written NumPy and PyTorch, each in a process of its own with one thread.
+# On our 2-core machine the MNIST-shaped step took 1.0× PyTorch's time and the
+# CIFAR-shaped one 1.3×. Both were faster than the hand-written NumPy step
+# (0.7× and 0.9×), which runs with the C library's defaults, as ordinary NumPy
+# code does, and pays the page faults above. With every process told to keep
+# freed memory (`MALLOC_MMAP_THRESHOLD_=33554432
+# MALLOC_TRIM_THRESHOLD_=1073741824` in the environment), the NumPy step is the
+# faster one, by 6–10%, and PyTorch gains too (1.1× and 1.5×).
+#
+# ## How PyTorch does it
+#
+# `torch.nn.Conv2d(in_channels, out_channels, kernel_size, stride=1, padding=0,
+# dilation=1, groups=1, bias=True)` has the same weight layout
+# `(out, in / groups, kH, kW)` and the same initialisation; `F.conv2d`,
+# `F.max_pool2d`, `F.avg_pool2d`, `nn.MaxPool2d`, `nn.AvgPool2d`, `nn.BatchNorm2d`
+# are the same functions (they also take `dilation`, `groups`, pooling
+# `padding` and `ceil_mode`, and average pooling's `count_include_pad`). Its max
+# pooling saves the winners' indices, as we do (`return_indices=True` hands them
+# out, for `MaxUnpool2d`), and its CPU kernel keeps the *first* maximum of a
+# window, as we do.
+#
+# The arithmetic is done by vendor libraries that pick among several algorithms:
+#
+# * **im2col + GEMM** (Chellapilla et al., 2006; made popular by Caffe, Jia et
+#   al., 2014) — what we wrote. Simple and uses the fastest matrix product
+#   available, at the price of the $k_H k_W$-fold copy. PyTorch's fallback
+#   `slow_conv2d` still does this, one image at a time.
+# * **Direct convolution** with blocked memory layouts: on the CPU, **oneDNN**
+#   (formerly MKL-DNN) JIT-compiles kernels for the processor's vector width and
+#   stores activations in layouts such as `nChw16c` (16 channels interleaved) so
+#   the inner loop is a vector of channels — no im2col copy at all.
+# * **Implicit GEMM** (cuDNN's default family on GPUs): the matrix product is
+#   computed as if the columns existed, fetching each tile of them from the image
+#   on the fly in fast on-chip memory.
+# * **Winograd** (Lavin & Gray, 2016): for 3×3 kernels, $F(2{\times}2, 3{\times}3)$
+#   computes a 2×2 output tile with 16 multiplications instead of 36, trading
+#   them for cheap additions. **FFT** convolution pays off for large kernels.
+#
+# cuDNN offers all of these (`CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM`, `_GEMM`,
+# `_DIRECT`, `_FFT`, `_FFT_TILING`, `_WINOGRAD`, `_WINOGRAD_NONFUSED`, ...);
+# `torch.backends.cudnn.benchmark = True` times them on the first batch of each
+# shape and keeps the fastest. `model.to(memory_format=torch.channels_last)`
+# stores activations as NHWC, which tensor cores prefer. Our `Conv2d` runs on a
+# GPU unchanged through CuPy (Module 12): the same im2col, with cuBLAS doing the
+# matrix product.
+#
+# ## Summary
+#
+# * A convolution slides $O$ filters of shape $(C, k_H, k_W)$ over the padded
+#   image; the output is $\lfloor (H + 2p - k)/s \rfloor + 1$ along each axis.
+# * **im2col** unfolds every window into a column (a strided *view* from
+#   `sliding_window_view`, then one copy); the convolution is then one matrix
+#   product, batched over images so the output needs no transpose.
+# * Backward is a `Linear` in disguise — $\bar A = \sum_n G_n \text{cols}_n^\top$,
+#   $\overline{\text{cols}} = A^\top G$, $\bar b = \sum G$ — plus **col2im**: one
+#   strided addition per kernel offset, the adjoint of im2col.
+# * Pooling visits the $k_H k_W$ window offsets as strided slices (a free reshape
+#   when the windows tile the input). Max pooling sends the gradient to the first
+#   maximum of each window, like PyTorch.
+# * Loops → im2col is a factor of thousands; the last factor of two is in
+#   details: NumPy's slow reductions over short axes, and page faults from
+#   large temporaries, which keeping freed memory in the C heap removes (a
+#   buffer cache does it where the heap cannot be told).

@@ -1,0 +1,188 @@
+"""Graded checks for Module 06 (losses), run against the student's own code.
+
+Every name of this module comes from the ``student`` fixture (the student's
+notebook when grading, the reference in the normal test suite); the rest of
+tinytrain (tensors, autograd, softmax) comes from the package. Expected values
+are computed independently, in float64 NumPy.
+"""
+import numpy as np
+import pytest
+
+import tinytrain as tt
+from tinytrain.course.checks import check
+
+
+# -- NumPy references (float64) -----------------------------------------------------------
+
+def reduce(values, reduction):
+    return {"mean": np.mean, "sum": np.sum, "none": lambda v: v}[reduction](values)
+
+
+def np_log_softmax(z):
+    shifted = z - z.max(axis=1, keepdims=True)
+    return shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
+
+
+def np_softmax(z):
+    return np.exp(np_log_softmax(z))
+
+
+def np_sigmoid(x):
+    return np.exp(-np.logaddexp(0.0, -x))
+
+
+def logits_and_labels(seed=0, n=5, classes=4):
+    rng = np.random.default_rng(seed)
+    z = (rng.standard_normal((n, classes)) * 2).astype(np.float32)
+    y = rng.integers(0, classes, n)
+    y[:classes] = np.arange(classes)  # every class appears
+    return z, y
+
+
+def leaf(array, dtype=None):
+    return tt.tensor(array, dtype=dtype, requires_grad=True)
+
+
+# -- mean squared error -------------------------------------------------------------------
+
+@check(points=2, hint="mse_loss: square the difference pred - target and reduce it; 'mean' divides by the number "
+                      "of elements, so the gradient is 2 * (pred - target) / N")
+def test_mse_loss_values_and_gradient(student):
+    rng = np.random.default_rng(1)
+    p, t = rng.standard_normal((4, 3)).astype(np.float32), rng.standard_normal((4, 3)).astype(np.float32)
+    for reduction in ("mean", "sum", "none"):
+        pred = leaf(p)
+        loss = student.mse_loss(pred, tt.tensor(t), reduction=reduction)
+        expected = reduce((p.astype(np.float64) - t) ** 2, reduction)
+        assert np.allclose(loss.numpy(), expected, rtol=1e-5, atol=1e-6), (reduction, loss.numpy(), expected)
+        loss.sum().backward()
+        scale = 2 / p.size if reduction == "mean" else 2
+        assert np.allclose(pred.grad.numpy(), scale * (p - t), rtol=1e-5, atol=1e-6), reduction
+    assert student.mse_loss(tt.tensor([1.0, 2.0]), [1.0, 2.0]).item() == 0.0
+    assert student.mse_loss(tt.tensor([2.5, 0.0, 2.0]), np.array([3.0, -0.5, 2.0])).dtype == np.float32
+
+
+# -- cross-entropy ----------------------------------------------------------------------
+
+@check(points=2, hint="cross_entropy: per sample, log(sum_j exp(z_j - m)) - (z_y - m) with m the row's max; "
+                      "then reduce ('mean' over samples, 'sum', or 'none' for one loss per sample)")
+def test_cross_entropy_values(student):
+    z, y = logits_and_labels()
+    expected = -np_log_softmax(z.astype(np.float64))[np.arange(len(y)), y]
+    for reduction in ("mean", "sum", "none"):
+        loss = student.cross_entropy(tt.tensor(z), tt.tensor(y), reduction=reduction)
+        assert loss.shape == (() if reduction != "none" else (len(y),)), (reduction, loss.shape)
+        assert np.allclose(loss.numpy(), reduce(expected, reduction), rtol=1e-5, atol=1e-6), reduction
+    module = student.CrossEntropyLoss()
+    assert np.isclose(module(tt.tensor(z), tt.tensor(y)).item(), expected.mean(), rtol=1e-5)
+
+
+@check(points=2, hint="CrossEntropy.backward: the gradient is (softmax(logits) - one_hot(target)) times each "
+                      "sample's share g of the upstream gradient (g = grad / N for 'mean', grad for 'sum', "
+                      "grad[i] for 'none')")
+def test_cross_entropy_gradient(student):
+    z, y = logits_and_labels(seed=2, n=6, classes=3)
+    p, onehot = np_softmax(z.astype(np.float64)), np.eye(3)[y]
+    for reduction, scale in (("mean", 1 / len(y)), ("sum", 1.0)):
+        logits = leaf(z)
+        student.cross_entropy(logits, tt.tensor(y), reduction=reduction).backward()
+        assert np.allclose(logits.grad.numpy(), (p - onehot) * scale, atol=1e-6), reduction
+    upstream = np.arange(1.0, 7.0, dtype=np.float32)  # a different weight per sample
+    logits = leaf(z)
+    student.cross_entropy(logits, tt.tensor(y), reduction="none").backward(tt.tensor(upstream))
+    assert np.allclose(logits.grad.numpy(), (p - onehot) * upstream[:, None], atol=1e-5)
+    assert tt.gradcheck(lambda x: student.cross_entropy(x, tt.tensor(y), reduction="mean"),
+                        [leaf(z, dtype="float64")])
+
+
+@check(points=2, hint="subtract each row's maximum before exp (log-sum-exp): exp(1000) overflows to inf, and "
+                      "log(softmax) of a tiny probability is -inf")
+def test_cross_entropy_stable_for_large_logits(student):
+    z = np.array([[1000.0, 0.0, -1000.0], [0.0, -1000.0, 1000.0], [-120.0, 0.0, 0.0]], dtype=np.float32)
+    y = np.array([0, 0, 0])
+    logits = leaf(z)
+    with np.errstate(all="ignore"):  # a naive version gives inf or nan: the values below catch it
+        losses = student.cross_entropy(logits, tt.tensor(y), reduction="none")
+        losses.sum().backward()
+    assert np.allclose(losses.numpy(), [0.0, 1000.0, 120.0 + np.log(2)], rtol=1e-6), losses.numpy()
+    grad = logits.grad.numpy()
+    assert np.isfinite(grad).all(), grad
+    assert np.allclose(grad, np_softmax(z.astype(np.float64)) - np.eye(3)[y], atol=1e-6), grad
+
+
+@check(points=1, hint="probability targets q of shape (N, C): the loss is -sum_c q_c log softmax(z)_c per sample "
+                      "and its gradient p * sum(q) - q; tell the two kinds of target apart by target.ndim")
+def test_cross_entropy_probability_targets(student):
+    z, _ = logits_and_labels(seed=3, n=4, classes=3)
+    q = np.array([[1.0, 0.0, 0.0], [0.2, 0.5, 0.3], [0.0, 0.0, 1.0], [0.5, 0.5, 0.0]], dtype=np.float32)
+    logits = leaf(z)
+    loss = student.cross_entropy(logits, tt.tensor(q))
+    logp = np_log_softmax(z.astype(np.float64))
+    assert np.isclose(loss.item(), -(q * logp).sum(axis=1).mean(), rtol=1e-5), loss.item()
+    loss.backward()
+    assert np.allclose(logits.grad.numpy(), (np.exp(logp) - q) / 4, atol=1e-6)
+    assert tt.gradcheck(lambda x: student.cross_entropy(x, tt.tensor(q, dtype="float64"), reduction="sum"),
+                        [leaf(z, dtype="float64")])
+
+
+@check(points=1, hint="class indices of any integer dtype must work (index with them as they are); a float "
+                      "target of shape (N,) is refused with a TypeError that asks for integers")
+def test_cross_entropy_targets_integer_dtypes_and_float_labels_refused(student):
+    z, y = logits_and_labels(seed=4, n=4, classes=4)
+    expected = -np_log_softmax(z.astype(np.float64))[np.arange(4), y].mean()
+    for dtype in (np.int64, np.int32, np.uint8):
+        loss = student.cross_entropy(tt.tensor(z), tt.tensor(y.astype(dtype)))
+        assert np.isclose(loss.item(), expected, rtol=1e-5), dtype
+    with pytest.raises(TypeError, match="integer"):
+        student.cross_entropy(tt.tensor(z), tt.tensor(y.astype(np.float32)))
+    with pytest.raises(ValueError):
+        student.cross_entropy(tt.tensor(z), tt.tensor([0, 1, 2, 4]))
+
+
+# -- binary cross-entropy -----------------------------------------------------------------
+
+@check(points=2, hint="binary_cross_entropy: -(t log p + (1 - t) log(1 - p)) with each log clamped at -100 (so "
+                      "p = 0 or 1 costs at most 100); gradient (p - t) / max(p (1 - p), 1e-12), divided by the number of "
+                      "elements for 'mean'")
+def test_binary_cross_entropy_on_probabilities(student):
+    p = np.array([[0.1, 0.5], [0.9, 0.99]], dtype=np.float32)
+    t = np.array([[0.0, 1.0], [1.0, 0.3]], dtype=np.float32)
+    p64 = p.astype(np.float64)
+    expected = -(t * np.log(p64) + (1 - t) * np.log(1 - p64))
+    for reduction in ("mean", "sum", "none"):
+        probs = leaf(p)
+        loss = student.binary_cross_entropy(probs, tt.tensor(t), reduction=reduction)
+        assert np.allclose(loss.numpy(), reduce(expected, reduction), rtol=1e-5), reduction
+        loss.sum().backward()
+        scale = 1 / p.size if reduction == "mean" else 1
+        assert np.allclose(probs.grad.numpy(), (p64 - t) / (p64 * (1 - p64)) * scale, rtol=1e-4), reduction
+    with np.errstate(all="ignore"):  # an unclamped log(0) gives inf: the values below catch it
+        edges = leaf(np.array([0.0, 1.0, 0.0, 1.0], dtype=np.float32))
+        clamped = student.binary_cross_entropy(edges, [1.0, 0.0, 0.0, 1.0], reduction="none")
+        clamped.sum().backward()
+    assert np.allclose(clamped.numpy(), [100.0, 100.0, 0.0, 0.0]), clamped.numpy()
+    assert np.isfinite(edges.grad.numpy()).all(), edges.grad.numpy()
+    assert np.isclose(student.BCELoss(reduction="sum")(tt.tensor(p), t).item(), expected.sum(), rtol=1e-5)
+
+
+@check(points=1, hint="compute on the logits' device: self.xp in forward and backward (xp.arange, xp.exp), never np; "
+                      "a loss on a GPU must not come back through the host")
+def test_losses_run_on_another_device(student):
+    z, y = logits_and_labels(seed=6)
+    p = np.array([0.2, 0.9, 0.5], dtype=np.float32)
+    results = {}
+    for device in ("cpu", "strict"):
+        logits, probs = tt.tensor(z, device=device, requires_grad=True), tt.tensor(p, device=device, requires_grad=True)
+        x = tt.tensor(p - 0.5, device=device, requires_grad=True)
+        t = tt.tensor([1.0, 0.0, 1.0], device=device)
+        try:
+            losses = [student.cross_entropy(logits, tt.tensor(y, device=device)),
+                      student.cross_entropy(logits, tt.tensor(np_softmax(z), device=device), reduction="sum"),
+                      student.binary_cross_entropy(probs, t), student.binary_cross_entropy_with_logits(x, t),
+                      student.mse_loss(probs, t, reduction="sum")]
+            sum(losses[1:], losses[0]).backward()
+        except TypeError as error:
+            raise AssertionError(f"the losses on the {device!r} device: {error}") from None
+        results[device] = [loss.numpy() for loss in losses] + [logits.grad.numpy(), probs.grad.numpy(), x.grad.numpy()]
+    for cpu, strict in zip(*results.values()):
+        np.testing.assert_allclose(strict, cpu, rtol=1e-5, atol=1e-7, err_msg="the same loss on the strict device")

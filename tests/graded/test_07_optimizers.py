@@ -1,0 +1,199 @@
+"""Graded checks for Module 07 (optimizers), run against the student's own code.
+
+Each update rule is stepped a few times on fixed gradients and compared with an
+independent float64 NumPy computation of PyTorch's rule. The optimizers come from
+the ``student`` fixture; tensors come from the package.
+"""
+import numpy as np
+
+import tinytrain as tt
+from tinytrain.course.checks import check
+
+START = np.array([1.0, -2.0, 0.5, 3.0], dtype=np.float32)
+GRADS = np.array(
+    [[0.5, -1.0, 2.0, 1e-3], [0.4, 0.8, -2.0, 1e-3], [-0.1, 0.6, 1.5, 5.0], [0.3, -0.2, 0.0, -4.0]],
+    dtype=np.float32,
+)
+
+
+def run(optimizer_class, grads=GRADS, start=START, **settings):
+    """Step an optimizer of one parameter on the given gradients; (values after each step, param, optimizer)."""
+    param = tt.tensor(start, requires_grad=True)
+    optimizer = optimizer_class([param], **settings)
+    array, values = param.data, []
+    for g in grads:
+        param.grad = tt.tensor(g)
+        optimizer.step()
+        assert param.data is array, "update the parameter's array in place (param -= ...), never rebind it"
+        assert np.array_equal(param.grad.numpy(), g), "never change the gradient: it belongs to the parameter"
+        values.append(param.numpy().copy())
+    return np.array(values), param, optimizer
+
+
+def numpy_sgd(lr, momentum=0.0, nesterov=False, weight_decay=0.0, grads=GRADS, start=START):
+    theta, buf, values = start.astype(np.float64), None, []
+    for g in grads.astype(np.float64):
+        g = g + weight_decay * theta
+        if momentum:
+            buf = g.copy() if buf is None else momentum * buf + g
+            d = g + momentum * buf if nesterov else buf
+        else:
+            d = g
+        theta = theta - lr * d
+        values.append(theta)
+    return np.array(values)
+
+
+def numpy_adam(lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, decoupled=False, grads=GRADS, start=START):
+    (b1, b2), theta = betas, start.astype(np.float64)
+    m, v, values = np.zeros_like(theta), np.zeros_like(theta), []
+    for t, g in enumerate(grads.astype(np.float64), start=1):
+        if decoupled:
+            theta = theta * (1 - lr * weight_decay)
+        else:
+            g = g + weight_decay * theta
+        m = b1 * m + (1 - b1) * g
+        v = b2 * v + (1 - b2) * g * g
+        theta = theta - lr * (m / (1 - b1**t)) / (np.sqrt(v / (1 - b2**t)) + eps)
+        values.append(theta)
+    return np.array(values)
+
+
+# -- SGD ------------------------------------------------------------------------------------
+
+@check(points=1, hint="plain SGD: param -= lr * grad, in place on the parameter's array")
+def test_sgd_plain(student):
+    values, param, optimizer = run(student.SGD, lr=0.1)
+    assert np.allclose(values, numpy_sgd(0.1), atol=1e-6), values
+    assert param.dtype == np.float32
+
+
+@check(points=2, hint="momentum: buf = momentum * buf + g (a plain sum, the first step gives buf = g, kept in "
+                      "state['momentum_buffer'] and updated in place); the step is lr * buf, or lr * (g + momentum * "
+                      "buf) with Nesterov")
+def test_sgd_momentum_and_nesterov(student):
+    values, _, optimizer = run(student.SGD, lr=0.1, momentum=0.9)
+    assert np.allclose(values, numpy_sgd(0.1, momentum=0.9), atol=1e-5), values
+    expected_buffer = GRADS[0].astype(np.float64)
+    for g in GRADS[1:]:
+        expected_buffer = 0.9 * expected_buffer + g
+    buffer = optimizer.state[0]["momentum_buffer"]
+    assert np.allclose(buffer, expected_buffer, atol=1e-5), buffer
+    values, _, _ = run(student.SGD, lr=0.05, momentum=0.8, nesterov=True)
+    assert np.allclose(values, numpy_sgd(0.05, momentum=0.8, nesterov=True), atol=1e-5), values
+
+
+@check(points=1, hint="weight decay adds weight_decay * param to the gradient (in a new array: the parameter's "
+                      ".grad must not change) before momentum")
+def test_sgd_weight_decay(student):
+    values, _, _ = run(student.SGD, lr=0.1, weight_decay=0.1)
+    assert np.allclose(values, numpy_sgd(0.1, weight_decay=0.1), atol=1e-5), values
+    values, _, _ = run(student.SGD, lr=0.1, momentum=0.9, weight_decay=0.01)
+    assert np.allclose(values, numpy_sgd(0.1, momentum=0.9, weight_decay=0.01), atol=1e-5), values
+
+
+# -- Adam and AdamW --------------------------------------------------------------------------
+
+@check(points=2, hint="Adam: state['step'] += 1; m = b1 m + (1 - b1) g; v = b2 v + (1 - b2) g^2 (both in place); "
+                      "param -= lr * m_hat / (sqrt(v_hat) + eps) with m_hat = m / (1 - b1^t), v_hat = v / (1 - b2^t)")
+def test_adam_steps(student):
+    values, param, optimizer = run(student.Adam, lr=0.01)
+    assert np.allclose(values, numpy_adam(0.01), atol=1e-6), values - numpy_adam(0.01)
+    values, _, _ = run(student.Adam, lr=0.05, betas=(0.8, 0.9), eps=1e-3)
+    assert np.allclose(values, numpy_adam(0.05, betas=(0.8, 0.9), eps=1e-3), atol=1e-6)
+    state = optimizer.state[0]
+    assert state["step"] == len(GRADS), state["step"]
+    m, v = np.zeros(4), np.zeros(4)
+    for g in GRADS.astype(np.float64):
+        m, v = 0.9 * m + 0.1 * g, 0.999 * v + 0.001 * g * g
+    assert np.allclose(state["exp_avg"], m, rtol=1e-5, atol=1e-9) and np.allclose(state["exp_avg_sq"], v, rtol=1e-4)
+    assert param.dtype == np.float32 and state["exp_avg"].dtype == np.float32, "keep float32: lr etc. are floats"
+
+
+@check(points=1, hint="bias correction: divide m by (1 - b1^t) and v by (1 - b2^t) with t the step number "
+                      "(starting at 1), so the first step moves every weight by about lr, whatever its gradient's scale")
+def test_adam_bias_correction(student):
+    grads = np.array([[1e-4, -10.0, 1e3, -0.5]], dtype=np.float32)
+    values, _, _ = run(student.Adam, grads=grads, lr=0.01)
+    assert np.allclose(values[0], START - 0.01 * np.sign(grads[0]), atol=1e-6), values[0]
+    grads = np.tile(np.array([[2.0, -2.0, 1e-2, 5.0]], dtype=np.float32), (3, 1))  # a constant gradient
+    values, _, _ = run(student.Adam, grads=grads, lr=0.1)
+    assert np.allclose(np.diff(np.vstack([START, values]), axis=0), -0.1 * np.sign(grads), atol=1e-5), values
+
+
+@check(points=1, hint="Adam's L2 weight decay is already added to the gradient by update(); adam_update must use "
+                      "the gradient it is given")
+def test_adam_with_l2_weight_decay(student):
+    values, _, _ = run(student.Adam, lr=0.01, weight_decay=0.1)
+    assert np.allclose(values, numpy_adam(0.01, weight_decay=0.1), atol=1e-6), values
+
+
+@check(points=2, hint="AdamW: first shrink the parameter in place, param *= 1 - lr * weight_decay, then call "
+                      "adam_update with the gradient alone (the decay must not go through m and v)")
+def test_adamw_decoupled_weight_decay(student):
+    values, _, optimizer = run(student.AdamW, lr=0.01, weight_decay=0.5)
+    assert np.allclose(values, numpy_adam(0.01, weight_decay=0.5, decoupled=True), atol=1e-6), values
+    assert not np.allclose(values, numpy_adam(0.01, weight_decay=0.5), atol=1e-4), "that is Adam with L2, not AdamW"
+    assert optimizer.state[0]["step"] == len(GRADS)
+    zeros = np.zeros((2, 4), dtype=np.float32)  # no gradient: only the decay acts
+    values, _, _ = run(student.AdamW, grads=zeros, lr=0.1, weight_decay=0.5)
+    assert np.allclose(values, [START * 0.95, START * 0.95**2], atol=1e-6), values
+    values, _, _ = run(student.AdamW, lr=0.01, weight_decay=0.0)
+    assert np.allclose(values, numpy_adam(0.01), atol=1e-6)
+
+
+# -- state and devices -----------------------------------------------------------------------
+
+@check(points=1, hint="update() keeps exactly the state init_state() made (SGD: momentum_buffer, or nothing; Adam: "
+                      "step, exp_avg, exp_avg_sq): memory_report counts every array in it")
+def test_state_holds_only_its_own_entries(student):
+    for optimizer_class, settings, keys in ((student.SGD, {"lr": 0.1}, set()),
+                                            (student.SGD, {"lr": 0.1, "momentum": 0.9, "nesterov": True},
+                                             {"momentum_buffer"}),
+                                            (student.Adam, {"lr": 0.01, "weight_decay": 0.1},
+                                             {"step", "exp_avg", "exp_avg_sq"}),
+                                            (student.AdamW, {"lr": 0.01}, {"step", "exp_avg", "exp_avg_sq"})):
+        _, _, optimizer = run(optimizer_class, **settings)
+        got = set(optimizer.state[0])
+        assert got == keys, f"{optimizer_class.__name__}({settings}): expected state {sorted(keys)}, got {sorted(got)}"
+
+
+@check(points=1, hint="update() computes with the xp it is given (NumPy on the CPU, CuPy on a GPU), never with np")
+def test_optimizers_run_on_another_device(student):
+    for optimizer_class, settings in ((student.SGD, {"lr": 0.1, "momentum": 0.9, "weight_decay": 0.01}),
+                                      (student.Adam, {"lr": 0.01, "weight_decay": 0.01}),
+                                      (student.AdamW, {"lr": 0.01})):
+        values = {}
+        for device in ("cpu", "strict"):
+            param = tt.tensor(START, requires_grad=True, device=device)
+            optimizer = optimizer_class([param], **settings)
+            for g in GRADS:
+                param.grad = tt.tensor(g, device=device)
+                try:
+                    optimizer.step()
+                except TypeError as error:
+                    raise AssertionError(f"{optimizer_class.__name__} on the {device!r} device: {error}") from None
+            values[device] = param.numpy()
+        np.testing.assert_allclose(values["strict"], values["cpu"], rtol=1e-6,
+                                   err_msg=f"{optimizer_class.__name__} on the strict device")
+
+
+
+@check(points=2, hint="keep all per-parameter state (step, momentum buffers, moments) in the `state` dict that "
+                      "step() hands to update(), so state_dict() / load_state_dict() can save and restore it")
+def test_state_dict_round_trip_continues_exactly(student):
+    for optimizer_class, settings in ((student.SGD, {"lr": 0.1, "momentum": 0.9, "nesterov": True}),
+                                      (student.Adam, {"lr": 0.01}),
+                                      (student.AdamW, {"lr": 0.01, "weight_decay": 0.1})):
+        straight, param, optimizer = run(optimizer_class, **settings)
+        half, _, first = run(optimizer_class, grads=GRADS[:2], **settings)
+        saved = first.state_dict()
+        resumed = tt.tensor(half[-1], requires_grad=True)
+        second = optimizer_class([resumed], **{**settings, "lr": 123.0})  # load_state_dict restores lr
+        second.load_state_dict(saved)
+        for g in GRADS[2:]:
+            resumed.grad = tt.tensor(g)
+            second.step()
+        assert np.array_equal(resumed.numpy(), straight[-1]), f"{optimizer_class.__name__}: resumed run differs"
+        for key, value in optimizer.state_dict()["state"][0].items():
+            assert np.array_equal(second.state_dict()["state"][0][key], value), key
