@@ -74,6 +74,7 @@ def test_grade_reports_a_syntax_error_with_cell_and_line(tmp_path: Path, capsys)
     out = capsys.readouterr().out
     assert "error: " in out and "SyntaxError" in out and "cell " in out and ", line " in out
     assert "Total: 0/12 points" in out
+    assert "hint:" not in out and "FAIL" not in out, "a notebook that does not load gets one message, not every hint"
 
 
 @pytest.mark.parametrize(

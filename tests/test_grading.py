@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import nbformat
+import numpy as np
 import pytest
 
 from tinytrain.course import build, checks, export, grading, imports, inventory, notebooks, overlay
@@ -234,6 +235,54 @@ def test_graded_folder_refuses_ungraded_tests(tmp_path: Path) -> None:
     collector = grading.run_checks([folder / "test_03_ungraded_examples.py"], None, tmp_path)
     text = "\n".join(collector.errors)
     assert "test_plain: not a graded check" in text and "test_no_student: a graded check must take the `student`" in text
+
+
+def test_a_check_that_needs_a_failing_one_names_it_instead_of_its_hint(tmp_path: Path, capsys) -> None:
+    folder = tmp_path / "tests" / "graded"
+    folder.mkdir(parents=True)
+    (folder / "conftest.py").write_text((ROOT / "tests/graded/conftest.py").read_text())
+    (folder / "test_03_activations.py").write_text(
+        "import tinytrain as tt\nfrom tinytrain.course.checks import check, expect_close\n\n"
+        "@check(points=2, hint='relu keeps positives')\ndef test_relu(student):\n"
+        "    expect_close(student.relu(tt.tensor([-1.0])), [1.0], 'relu of [-1]')\n\n"
+        "@check(points=1, hint='a hint that would mislead', after='test_relu')\ndef test_uses_relu(student):\n"
+        "    assert student.relu(tt.tensor([-1.0])).item() == 1.0, 'needs relu'\n\n"
+        "@check(points=1, hint='independent', after='test_relu')\ndef test_passes(student):\n    student.relu\n"
+    )
+    report = grading.grade("03_activations", tmp_path)
+    first, second, third = report.checks
+    assert first.outcome == second.outcome == "failed" and third.outcome == "passed"
+    assert first.blocked_by == [] and second.blocked_by == ["test_relu"] and third.blocked_by == []
+    assert first.message == ("AssertionError: relu of [-1]: expected [1.] (shape (1,), float64), got [0.] "
+                             "(shape (1,), float32) (1 of 1 differ; largest difference 1 at [0])")
+    from tinytrain.course.cli import _print_report
+
+    _print_report(report)
+    out = capsys.readouterr().out
+    assert "hint: relu keeps positives" in out and "fails because relu fails: fix that first" in out
+    assert "a hint that would mislead" not in out
+
+
+def test_expectations_say_what_was_expected_and_what_came_out() -> None:
+    from tinytrain.course.checks import expect_close, expect_equal, expect_raises
+
+    cases = [
+        (lambda: expect_close(np.zeros((2, 3)), np.zeros((3, 2)), "the gradient"),
+         "the gradient: expected shape (3, 2), got shape (2, 3)"),
+        (lambda: expect_close(np.zeros(2), np.zeros(2), "out", dtype="float32"), "out: expected dtype float32, got float64"),
+        (lambda: expect_close([1.0, np.nan], [1.0, 2.0], "x"), "1 of 2 differ"),
+        (lambda: expect_equal(3, 4, "the step count"), "the step count: expected 4, got 3"),
+        (lambda: expect_raises(ValueError, lambda: 5, "Linear(2.5, 3)"), "Linear(2.5, 3): expected ValueError, but it returned 5"),
+        (lambda: expect_raises(ValueError, lambda: {}["k"], "f()"), "f(): expected ValueError, got KeyError: 'k'"),
+        (lambda: expect_raises(ValueError, lambda: int("x"), "int('x')", mentions=("'y'",)),
+         "int('x'): expected the ValueError to name \"'y'\""),
+    ]
+    for call, message in cases:
+        with pytest.raises(AssertionError) as error:
+            call()
+        assert message in str(error.value), str(error.value)
+    expect_close([1.0, np.nan], [1.0 + 1e-9, np.nan], "nan where nan is expected passes")
+    assert isinstance(expect_raises(KeyError, lambda: {}["k"], "lookup", mentions=("k",)), KeyError)
 
 
 # -- export ------------------------------------------------------------------------------------------

@@ -82,6 +82,7 @@ class Cell:
     kind: str  # one of KINDS
     code: str  # reference text: solutions kept, marker lines dropped
     student: str  # student text: each solution region replaced by a stub
+    marked: str  # source text: solutions kept between their marker lines (nbgrader's "source" version)
     grade_id: str  # e.g. "01_tensor-check-2": unique within the module
     line: int  # 1-based line of the cell's `# %%` header in the source
     export: str | None = None  # target such as "nn/layers" (kind "export")
@@ -135,7 +136,8 @@ def load_module(source_path: Path) -> Module:
         counts[kind] += 1
         grade_id = f"{name}-{kind}-{counts[kind]}"
         if kind == "markdown":
-            cells.append(Cell(kind, _trim(raw.source), _trim(raw.source), grade_id, start, tags=tags))
+            cells.append(Cell(kind, _trim(raw.source), _trim(raw.source), _trim(raw.source), grade_id, start,
+                              tags=tags))
             continue
         code, student, solution = _split_solutions(raw.source, label, start, grade_id)
         if solution and kind == "check":
@@ -147,7 +149,7 @@ def load_module(source_path: Path) -> Module:
             error = _syntax_error(student)
             if error:
                 raise BuildError(f"the student version of this cell is not valid Python: {error.msg}", label, start)
-        cells.append(Cell(kind, code, student, grade_id, start, export, points, solution, tags))
+        cells.append(Cell(kind, code, student, _trim(raw.source), grade_id, start, export, points, solution, tags))
     return Module(name, label, tuple(cells))
 
 
@@ -261,12 +263,18 @@ def library_file(module: Module, target: str) -> str:
 
 def student_notebook(source_path: Path) -> nbformat.NotebookNode:
     """The student notebook of a module: every cell, each solution replaced by a stub."""
-    return _notebook(load_module(source_path), student=True)
+    return _notebook(load_module(source_path), "student")
 
 
 def reference_notebook(source_path: Path) -> nbformat.NotebookNode:
     """The reference notebook of a module: the student notebook with the solutions kept."""
-    return _notebook(load_module(source_path), student=False)
+    return _notebook(load_module(source_path), "reference")
+
+
+def nbgrader_source_notebook(source_path: Path) -> nbformat.NotebookNode:
+    """nbgrader's *source* version: the solutions between their ``### BEGIN/END SOLUTION`` lines,
+    from which ``nbgrader generate_assignment`` makes the release (stubs) itself."""
+    return _notebook(load_module(source_path), "source")
 
 
 def _without_own_imports(code: str, own: set[str]) -> str:
@@ -287,8 +295,9 @@ def _without_own_imports(code: str, own: set[str]) -> str:
     return "\n".join(lines)
 
 
-def _notebook(module: Module, student: bool) -> nbformat.NotebookNode:
-    """A module's notebook: stable cell ids, our metadata only, no outputs."""
+def _notebook(module: Module, version: str) -> nbformat.NotebookNode:
+    """A module's notebook (``version``: "student", "reference" or "source"): stable cell ids,
+    our metadata only, no outputs."""
     own = {"tinytrain." + target.replace("/", ".") for target in module.targets()}
     cells = []
     for index, cell in enumerate(module.cells):
@@ -306,7 +315,8 @@ def _notebook(module: Module, student: bool) -> nbformat.NotebookNode:
             "id": f"{module.name}-{index:03d}",
             "cell_type": "markdown" if cell.kind == "markdown" else "code",
             "metadata": metadata,
-            "source": _without_own_imports(cell.student if student else cell.code, own),
+            "source": _without_own_imports({"student": cell.student, "reference": cell.code,
+                                            "source": cell.marked}[version], own),
         }
         if cell.kind != "markdown":
             entry.update(execution_count=None, outputs=[])
@@ -334,6 +344,17 @@ def _nbgrader(cell: Cell) -> dict[str, Any]:
     return {}
 
 
+def write_nbgrader_source(root: Path, folder: Path) -> list[Path]:
+    """Every module's :func:`nbgrader_source_notebook` as ``folder/NN_name/NN_name.ipynb``
+    (an nbgrader course's ``source/<assignment>/`` layout); returns the files written."""
+    written = []
+    for source_path in module_sources(Path(root)):
+        path = Path(folder) / source_path.stem / f"{source_path.stem}.ipynb"
+        write_atomic(path, notebook_text(nbgrader_source_notebook(source_path)))
+        written.append(path)
+    return written
+
+
 def notebook_text(notebook: nbformat.NotebookNode) -> str:
     """A notebook as the JSON text written to disk (sorted keys, one trailing newline)."""
     return nbformat.writes(notebook).rstrip("\n") + "\n"
@@ -356,7 +377,7 @@ def generate(root: Path) -> dict[Path, str]:
                 )
             owners[target] = (module.source, cells[0].line)
             files[root / "tinytrain" / f"{target}.py"] = library_file(module, target)
-        files[root / "notebooks" / f"{module.name}.ipynb"] = notebook_text(_notebook(module, student=True))
+        files[root / "notebooks" / f"{module.name}.ipynb"] = notebook_text(_notebook(module, "student"))
     return files
 
 

@@ -21,26 +21,40 @@ objects: ``tensor * tensor`` runs the package's operations, and ``tt.Function``
 may be either. Build the objects a check compares from one side -- the
 student's (``student.Function``) or the package's, imported at the top of the
 test file (``from tinytrain.autograd import Function as InstalledFunction``).
+
+**Messages a student can act on.** A failing check says what was expected and
+what the student's code produced, as the notebooks' inline checks do. Use the
+``expect_*`` helpers below (``expect_close(got, want, "relu of [-1, 2]")`` says
+"relu of [-1, 2]: expected [0. 2.], got [-1. 2.] (largest difference 1 at [0])"),
+or ``assert condition, "message naming expected and got"``. A check that can only
+pass once another passes names it: ``@check(..., after="test_accumulation")``;
+when both fail, the report blames the first and not this one.
 """
 from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any
 
-def check(points: int, hint: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+import numpy as np
+
+def check(points: int, hint: str,
+          after: str | tuple[str, ...] = ()) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Mark a test function as a graded check worth ``points``, with a ``hint`` shown on failure.
 
     Each collected test item earns the points (a parametrised check earns them once
-    per parameter). The check must take the ``student`` fixture.
+    per parameter). The check must take the ``student`` fixture. ``after`` names the
+    checks (test function names) whose failure makes this one fail too.
     """
     if isinstance(points, bool) or not isinstance(points, int) or points < 1:
         raise ValueError(f"check(points=...) takes a positive whole number, got {points!r}")
     if not isinstance(hint, str) or not hint.strip():
         raise ValueError("check(hint=...) takes a non-empty string: what to look at when the check fails")
+    after = (after,) if isinstance(after, str) else tuple(after)
 
     def mark(function: Callable[..., Any]) -> Callable[..., Any]:
         function.tinytrain_points = points  # type: ignore[attr-defined]
         function.tinytrain_hint = hint.strip()  # type: ignore[attr-defined]
+        function.tinytrain_after = after  # type: ignore[attr-defined]
         try:
             import pytest
         except ModuleNotFoundError:  # plain import of a test file; pytest reads the attributes
@@ -57,3 +71,74 @@ def check_info(item: Any) -> tuple[int, str] | None:
     if points is None:
         return None
     return points, function.tinytrain_hint  # type: ignore[union-attr]
+
+
+def check_after(item: Any) -> tuple[str, ...]:
+    """The checks a collected check depends on (``after=``)."""
+    return getattr(getattr(item, "function", None), "tinytrain_after", ())
+
+
+# -- expectations: failures that say what was expected and what came out -------------------
+def _host(value: Any) -> Any:
+    """A tensor's or device array's values as NumPy; anything else unchanged."""
+    if hasattr(value, "numpy") and callable(value.numpy):
+        return value.numpy()
+    return value
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, np.ndarray):
+        text = np.array2string(value, precision=5, threshold=12, edgeitems=3, max_line_width=100)
+        return f"{text} (shape {value.shape}, {value.dtype})"
+    return repr(value)
+
+
+def expect_equal(got: Any, expected: Any, what: str) -> None:
+    """``got == expected`` (arrays and tensors: same shape and values), or an AssertionError saying both."""
+    got_values, expected_values = _host(got), _host(expected)
+    if isinstance(got_values, np.ndarray) or isinstance(expected_values, np.ndarray):
+        same = np.shape(got_values) == np.shape(expected_values) and np.array_equal(got_values, expected_values)
+    else:
+        same = got_values == expected_values
+    if not same:
+        raise AssertionError(f"{what}: expected {_show(expected_values)}, got {_show(got_values)}")
+
+
+def expect_close(got: Any, expected: Any, what: str, rtol: float = 1e-5, atol: float = 1e-7,
+                 dtype: Any = None) -> None:
+    """Numbers or arrays (tensors too) equal within ``rtol``/``atol``, with the expected shape and, when given,
+    ``dtype``; the AssertionError shows both and the largest difference."""
+    got_values = np.asarray(_host(got))
+    expected_values = np.asarray(_host(expected))
+    if got_values.shape != expected_values.shape:
+        raise AssertionError(f"{what}: expected shape {expected_values.shape}, got shape {got_values.shape}: "
+                             f"{_show(got_values)}")
+    if dtype is not None and got_values.dtype != np.dtype(dtype):
+        raise AssertionError(f"{what}: expected dtype {np.dtype(dtype)}, got {got_values.dtype}")
+    if got_values.dtype.kind not in "biufc":
+        raise AssertionError(f"{what}: expected numbers, got {_show(got_values)}")
+    wrong = ~np.isclose(got_values, expected_values, rtol=rtol, atol=atol, equal_nan=True)
+    if wrong.any():
+        difference = np.abs(got_values.astype(np.float64) - expected_values.astype(np.float64))
+        difference[~wrong] = 0
+        where = np.unravel_index(np.nanargmax(np.where(np.isnan(difference), np.inf, difference)), difference.shape)
+        at = f" at {list(map(int, where))}" if got_values.ndim else ""
+        raise AssertionError(f"{what}: expected {_show(expected_values)}, got {_show(got_values)} "
+                             f"({int(wrong.sum())} of {wrong.size} differ; largest difference "
+                             f"{difference[where]:.3g}{at})")
+
+
+def expect_raises(exception: type[BaseException], call: Callable[[], Any], what: str,
+                  mentions: tuple[str, ...] = ()) -> BaseException:
+    """``call()`` raises ``exception`` whose message contains every string in ``mentions``; returns it."""
+    try:
+        result = call()
+    except exception as error:
+        missing = [text for text in mentions if text not in str(error)]
+        if missing:
+            raise AssertionError(f"{what}: expected the {exception.__name__} to name {', '.join(map(repr, missing))}; "
+                                 f"its message was {str(error)!r}") from None
+        return error
+    except Exception as error:
+        raise AssertionError(f"{what}: expected {exception.__name__}, got {type(error).__name__}: {error}") from None
+    raise AssertionError(f"{what}: expected {exception.__name__}, but it returned {_show(_host(result))}")

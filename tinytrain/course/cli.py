@@ -8,6 +8,8 @@
     tinytrain status                           per module: whose code is installed, do its checks pass
     tinytrain milestone mlp|cnn [options]      train a real model end to end
     tinytrain doctor                           check the installation; a fix for each problem
+    tinytrain grade-class NN FOLDER            for instructors: a folder of notebooks into a gradebook (CSV, JSON)
+    tinytrain mutants NN [--jobs N]            for instructors: wrong versions the graded checks miss
 
 Each subcommand is a function ``_name(args) -> int`` plus one ``_command(...)`` line in
 :func:`main` (followed by its arguments). Problems the user can fix raise
@@ -66,6 +68,10 @@ def _build(args: argparse.Namespace) -> int:
     try:
         if args.check:
             return _report_stale(root, build.stale(root))
+        if args.nbgrader_source:
+            for path in build.write_nbgrader_source(root, Path(args.nbgrader_source)):
+                print(f"wrote {_shown(path)}")
+            return 0
         result = build.write(root, force=args.force)
     except build.BuildError as error:
         raise UsageError(str(error)) from None
@@ -175,7 +181,11 @@ def _grade(args: argparse.Namespace) -> int:
 def _print_report(report) -> None:
     what = _shown(Path(report.notebook)) if report.notebook else "the installed package"
     print(f"Module {report.module}: graded checks on {what}")
-    loads = not (report.notebook and report.errors)
+    if report.notebook and report.errors:  # the notebook did not load: that is all there is to say
+        for error in report.errors:
+            print(f"error: {error}")
+        print(f"Total: 0/{report.possible} points (fix the notebook so that its code runs, then grade again)")
+        return
     for error in report.errors:
         print(f"error: {error}")
     width = max((len(_check_name(check.name)) for check in report.checks), default=10)
@@ -183,14 +193,19 @@ def _print_report(report) -> None:
         label = {"passed": "PASS", "failed": "FAIL", "skipped": "SKIP"}[check.outcome]
         score = f"{check.earned}/{check.points}" if check.outcome != "skipped" else f"-/{check.points}"
         line = f"  {label}  {_check_name(check.name):<{width}}  {score:>5}"
-        if check.outcome == "failed" and loads:
+        if check.outcome == "failed":
             line += f"  {check.message}"
         elif check.outcome == "skipped":
             line += f"  ({check.message})"
         print(line)
-        if check.outcome == "failed" and check.cause is not None:
+        if check.outcome != "failed":
+            continue
+        if check.cause is not None:
             print(f"        cause: {check.cause} raised this; {diagnose.reset_advice(check.cause.module)}")
-        elif check.outcome == "failed":
+        elif check.blocked_by:
+            first = ", ".join(_check_name(name) for name in check.blocked_by)
+            print(f"        fails because {first} fails: fix that first")
+        else:
             print(f"        hint: {check.hint}")
     print(f"Total: {report.earned}/{report.possible} points")
 
@@ -335,6 +350,72 @@ def _causes(reports: dict) -> list[str]:
     return lines
 
 
+# -- instructors -----------------------------------------------------------------------------------
+def _grade_class(args: argparse.Namespace) -> int:
+    """``tinytrain grade-class NN FOLDER``: every student's notebook of module NN into a gradebook."""
+    from tinytrain.course import classroom
+
+    root = _needs_root(args, "tinytrain grade-class")
+    module = _module(args, root)
+    if module not in inventory.graded_test_files(root):
+        raise UsageError(f"module {module} has no graded checks (tests/graded/test_{module}.py)")
+    _require("pytest", "tinytrain grade-class")
+    try:
+        grades = classroom.grade_class(root, module, Path(args.folder), jobs=args.jobs, timeout=args.timeout)
+    except ValueError as error:
+        raise UsageError(str(error)) from None
+    csv_path, json_path = classroom.write_gradebook(grades, Path(args.out or f"gradebook-{module}"))
+    width = max(len(grade["student"]) for grade in grades)
+    for grade in grades:
+        problem = f"  ({grade['errors'][0].splitlines()[0][:100]})" if grade["errors"] else ""
+        print(f"{grade['student']:<{width}}  {grade['earned']:>3}/{grade['possible']}{problem}")
+    print(f"{len(grades)} notebooks of module {module} graded; gradebook: {_shown(csv_path)}, {_shown(json_path)}")
+    return 0
+
+
+def _mutants(args: argparse.Namespace) -> int:
+    """``tinytrain mutants NN``: which wrong versions of module NN's reference earn full marks."""
+    import time
+
+    from tinytrain.course import mutation
+
+    root = _needs_root(args, "tinytrain mutants")
+    module = _module(args, root)
+    _require("pytest", "tinytrain mutants")
+    source = root / "modules" / module / f"{module}.py"
+    if not source.is_file():
+        raise UsageError(f"tinytrain mutants needs the module source {source}")
+    start = time.perf_counter()
+
+    def progress(done: int, total: int) -> None:
+        if sys.stderr.isatty():
+            print(f"\r{done}/{total} mutants graded", end="", file=sys.stderr, flush=True)
+
+    try:
+        outcomes = mutation.run(root, module, jobs=args.jobs, only=args.function, progress=progress)
+    except ValueError as error:
+        raise UsageError(str(error)) from None
+    if sys.stderr.isatty():
+        print(file=sys.stderr)
+    summary = mutation.summarize(module, outcomes, mutation.equivalent_mutants(source))
+    if args.json:
+        Path(args.json).write_text(json.dumps(summary.as_dict(), indent=2) + "\n", encoding="utf-8")
+    functions = len({outcome.mutant.function for outcome in outcomes})
+    print(f"Module {module}: {summary.mutants} mutants of {functions} functions, graded in "
+          f"{time.perf_counter() - start:.0f} s")
+    print(f"  killed {summary.killed}, equivalent {len(summary.equivalent)} "
+          f"(modules/{module}/{mutation.EQUIVALENT_FILE}), survived {len(summary.survivors)}")
+    print(f"  score {summary.score:.1f}% of the non-equivalent mutants lose points")
+    if summary.survivors:
+        print("Survivors -- wrong versions that earn full marks (strengthen a check, or list the mutant as "
+              "equivalent with the reason):")
+        for outcome in summary.survivors:
+            print(f"  {outcome.mutant.key}")
+    for key in summary.stale:
+        print(f"note: {mutation.EQUIVALENT_FILE} lists {key!r}, which no longer survives (or exists): remove it")
+    return 0 if args.fail_under is None or summary.score >= args.fail_under else 1
+
+
 # -- milestones and doctor -----------------------------------------------------------------------
 def _milestone(args: argparse.Namespace) -> int:
     """``tinytrain milestone NAME [options]``: run a milestone training script.
@@ -395,6 +476,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     build_parser.add_argument("--check", action="store_true", help="change nothing; exit 1 if any generated file is stale")
     build_parser.add_argument("--force", action="store_true",
                               help="replace notebooks even when they hold work (filled-in solutions or outputs)")
+    build_parser.add_argument("--nbgrader-source", metavar="DIR",
+                              help="instead, write nbgrader's source notebooks (solutions between their markers) "
+                                   "as DIR/NN_name/NN_name.ipynb, e.g. into a course's source/ folder")
     grade_parser = _command(commands, "grade", _grade, "run module NN's graded checks on the code in your notebook")
     grade_parser.add_argument("module", metavar="NN", help=module_help)
     grade_parser.add_argument("--notebook", metavar="PATH",
@@ -415,6 +499,23 @@ def main(argv: Sequence[str] | None = None) -> int:
                              "per module: whose code is installed, and do its graded checks pass")
     status_parser.add_argument("--no-checks", action="store_true", help="only say whose code is installed")
     status_parser.add_argument("--json", action="store_true", help="print the table as JSON")
+    class_parser = _command(commands, "grade-class", _grade_class,
+                            "for instructors: grade a folder of students' notebooks of module NN into a gradebook")
+    class_parser.add_argument("module", metavar="NN", help=module_help)
+    class_parser.add_argument("folder", metavar="FOLDER",
+                              help="<student>.ipynb files, or <student>/.../NN_name.ipynb (nbgrader's submitted/)")
+    class_parser.add_argument("--out", metavar="PREFIX", help="writes PREFIX.csv and PREFIX.json "
+                                                              "(default: gradebook-NN_name)")
+    class_parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="notebooks graded at once")
+    class_parser.add_argument("--timeout", type=float, default=600, help="seconds per notebook (default 600)")
+    mutants_parser = _command(commands, "mutants", _mutants,
+                              "for instructors: grade one-change mutants of module NN's reference; list the survivors")
+    mutants_parser.add_argument("module", metavar="NN", help=module_help)
+    mutants_parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="worker processes")
+    mutants_parser.add_argument("--function", metavar="NAME", help="only the mutants of this function (Mul.backward)")
+    mutants_parser.add_argument("--json", metavar="PATH", help="also write the summary, every survivor with its body")
+    mutants_parser.add_argument("--fail-under", type=float, metavar="PERCENT",
+                                help="exit 1 when the score is below this")
     milestone_parser = _command(commands, "milestone", _milestone, "train a real model with the library: mlp, cnn")
     milestone_parser.add_argument("name", metavar="NAME", help="mlp (after Module 09) or cnn (after Module 11)")
     milestone_parser.add_argument("options", nargs=argparse.REMAINDER, help="the milestone's options (see NAME --help)")

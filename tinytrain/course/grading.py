@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tinytrain.course.checks import check_info
+from tinytrain.course.checks import check_after, check_info
 from tinytrain.course.diagnose import Blame, blame
 from tinytrain.course.inventory import UnknownModule, graded_test_files, module_of_test_file
 from tinytrain.course.notebooks import NotebookError
@@ -34,6 +34,8 @@ class CheckResult:
     message: str = ""
     doc: str = ""
     cause: Blame | None = None  # another module's exported (student) code that raised the failure
+    after: tuple[str, ...] = ()  # the checks this one needs (``@check(after=...)``)
+    blocked_by: list[str] = field(default_factory=list)  # of those, the ones that failed too
 
     @property
     def earned(self) -> int:
@@ -42,7 +44,7 @@ class CheckResult:
     def as_dict(self) -> dict[str, Any]:
         return {"name": self.name, "nodeid": self.nodeid, "outcome": self.outcome, "points": self.points,
                 "earned": self.earned, "hint": self.hint, "message": self.message, "doc": self.doc,
-                "cause": None if self.cause is None else str(self.cause)}
+                "cause": None if self.cause is None else str(self.cause), "blocked_by": self.blocked_by}
 
 
 @dataclass
@@ -84,7 +86,7 @@ class Collector:
             if info is not None:
                 doc = (item.function.__doc__ or "").strip().splitlines()
                 self.results[item.nodeid] = CheckResult(item.name, item.nodeid, info[0], "passed", info[1],
-                                                        doc=doc[0] if doc else "")
+                                                        doc=doc[0] if doc else "", after=check_after(item))
 
     def pytest_collectreport(self, report: Any) -> None:
         if report.failed:
@@ -111,6 +113,10 @@ class Collector:
             result.message = _skip_reason(report)
 
     def report(self, module: str) -> GradeReport:
+        failed = {result.name.partition("[")[0] for result in self.results.values() if result.outcome == "failed"}
+        for result in self.results.values():
+            if result.outcome == "failed":
+                result.blocked_by = [name for name in result.after if name in failed]
         return GradeReport(module, self.notebook, list(self.results.values()), list(self.errors))
 
 
@@ -120,17 +126,23 @@ def _text(report: Any) -> str:
 
 
 def _failure_message(report: Any) -> str:
-    """The one line that says why a check failed (the exception at the point of failure)."""
+    """What a check says about its failure, on one line: the exception's message, which for an
+    ``expect_*`` helper or ``assert ..., message`` names what was expected and what came out."""
     crash = getattr(report.longrepr, "reprcrash", None)
     message = crash.message if crash is not None else (_text(report).splitlines() or ["failed"])[-1]
     if report.when != "call":
         message = f"(in {report.when}) {message}"
-    lines = [line for line in str(message).splitlines() if line.strip()]
-    short = lines[0] if lines else "failed"
-    # pytest's assertion introspection adds lines such as "assert 3 == 4"; keep two of them.
-    for line in lines[1:3]:
-        short += " | " + line.strip()
-    return short[:500]
+    lines = [line.strip() for line in str(message).splitlines() if line.strip()]
+    if not lines:
+        return "failed"
+    # pytest's assertion introspection follows the message with lines such as "assert 3 == 4": keep two
+    # of them after a bare assert, none after a message that says it all.
+    introspection = next((i for i, line in enumerate(lines) if line.startswith("assert ")), len(lines))
+    if introspection == 0 or lines[0].removeprefix("AssertionError: ").startswith("assert "):
+        kept = lines[:3]
+    else:
+        kept = [" ".join(lines[:introspection])]
+    return " | ".join(kept)[:700]
 
 
 def _skip_reason(report: Any) -> str:
@@ -150,11 +162,13 @@ def notebook_option(config: Any) -> str | None:
 
 
 def run_checks(test_files: Sequence[Path], notebook: str | os.PathLike | None = None,
-               root: Path | None = None) -> Collector:
+               root: Path | None = None, stop_at_first_failure: bool = False) -> Collector:
     """Run graded test files in-process with pytest; the Collector holds the results.
 
     pytest's own output is swallowed (the Collector keeps what matters). Modules the run
     imports from the test folder are forgotten afterwards, so runs can repeat in a process.
+    ``stop_at_first_failure`` leaves the checks after a failing one unrun (and counted as
+    passed): for a caller that only asks whether anything fails.
     """
     import pytest
 
@@ -164,6 +178,8 @@ def run_checks(test_files: Sequence[Path], notebook: str | os.PathLike | None = 
              "-W", "ignore::pytest.PytestAssertRewriteWarning"]
     if root is not None:
         args += ["--rootdir", str(root)]
+    if stop_at_first_failure:
+        args.append("-x")
     # Only the graded folder's conftest: the test suite's (tests/conftest.py) needs test-only packages.
     folders = sorted({str(Path(path).resolve().parent) for path in test_files})
     if len(folders) == 1:
@@ -189,12 +205,13 @@ def run_checks(test_files: Sequence[Path], notebook: str | os.PathLike | None = 
     return collector
 
 
-def grade(module: str, root: Path, notebook: str | os.PathLike | None = None) -> GradeReport:
+def grade(module: str, root: Path, notebook: str | os.PathLike | None = None,
+          stop_at_first_failure: bool = False) -> GradeReport:
     """Run ``module``'s graded checks on ``notebook`` (None: on the installed package)."""
     tests = graded_test_files(root).get(module)
     if tests is None:
         raise UnknownModule(f"module {module} has no graded checks (tests/graded/test_{module}.py under {root})")
-    collector = run_checks([tests], notebook, root)
+    collector = run_checks([tests], notebook, root, stop_at_first_failure)
     report = collector.report(module)
     if notebook is not None:
         try:  # say once, up front, why nothing passes
