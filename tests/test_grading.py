@@ -223,25 +223,28 @@ def test_check_decorator_validates() -> None:
     assert (test_something.tinytrain_points, test_something.tinytrain_hint) == (3, "a hint")
 
 
-def test_graded_folder_refuses_ungraded_tests(tmp_path: Path) -> None:
-    folder = tmp_path / "tests" / "graded"
-    folder.mkdir(parents=True)
+def _graded_file(root: Path, name: str, code: str) -> Path:
+    """A graded checks file ``tests/graded/<name>`` (with the real conftest) in a project at ``root``."""
+    folder = root / "tests" / "graded"
+    folder.mkdir(parents=True, exist_ok=True)
     (folder / "conftest.py").write_text((ROOT / "tests/graded/conftest.py").read_text())
-    (folder / "test_03_ungraded_examples.py").write_text(
-        "from tinytrain.course.checks import check\n\n"
-        "def test_plain(student):\n    pass\n\n"
-        "@check(points=1, hint='h')\ndef test_no_student():\n    pass\n"
-    )
-    collector = grading.run_checks([folder / "test_03_ungraded_examples.py"], None, tmp_path)
+    (folder / name).write_text(code)
+    return folder / name
+
+
+def test_graded_folder_refuses_ungraded_tests(tmp_path: Path) -> None:
+    path = _graded_file(tmp_path, "test_03_ungraded_examples.py",
+                        "from tinytrain.course.checks import check\n\n"
+                        "def test_plain(student):\n    pass\n\n"
+                        "@check(points=1, hint='h')\ndef test_no_student():\n    pass\n")
+    collector = grading.run_checks([path], None, tmp_path)
     text = "\n".join(collector.errors)
     assert "test_plain: not a graded check" in text and "test_no_student: a graded check must take the `student`" in text
 
 
 def test_a_check_that_needs_a_failing_one_names_it_instead_of_its_hint(tmp_path: Path, capsys) -> None:
-    folder = tmp_path / "tests" / "graded"
-    folder.mkdir(parents=True)
-    (folder / "conftest.py").write_text((ROOT / "tests/graded/conftest.py").read_text())
-    (folder / "test_03_activations.py").write_text(
+    _graded_file(
+        tmp_path, "test_03_activations.py",
         "import tinytrain as tt\nfrom tinytrain.course.checks import check, expect_close\n\n"
         "@check(points=2, hint='relu keeps positives')\ndef test_relu(student):\n"
         "    expect_close(student.relu(tt.tensor([-1.0])), [1.0], 'relu of [-1]')\n\n"
