@@ -136,7 +136,8 @@ def parse_device(device: str) -> tuple[str, int | None]:
     """Split ``"cuda:1"`` into ``("cuda", 1)``; ``"cpu"`` into ``("cpu", None)``.
 
     Raises ``TypeError`` when ``device`` is not a string, and ``ValueError`` for a
-    malformed name or an unknown kind of device (naming the known kinds).
+    malformed name or an unknown kind of device (naming the known kinds); every
+    message names the ``device`` it was given.
     """
     if not isinstance(device, str):
         raise TypeError(f"a device is a string such as 'cpu' or 'cuda:0', got {device!r}")

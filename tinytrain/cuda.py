@@ -104,8 +104,11 @@ def scatter_add(cupyx: Any, target: Any, index: Any, values: Any) -> None:
     """``target[index] += values`` in place on the GPU, repeated indices adding up.
 
     ``cupyx`` is the ``cupyx`` module (or a stand-in). int64 targets are added as
-    uint64 views (same bits); other dtypes that CuPy's atomic add does not support
-    raise ``TypeError``.
+    uint64 views (same bits): the target as ``target.view(np.uint64)``, and the
+    values too -- an array as ``values.astype(np.int64).view(np.uint64)``, a Python
+    number as ``np.uint64(int(values) & (2**64 - 1))``. Other dtypes that CuPy's
+    atomic add does not support raise ``TypeError`` naming the dtype and the
+    supported ones, before anything reaches ``cupyx``.
     """
     dtype = np.dtype(target.dtype)
     if dtype == np.int64:
@@ -257,8 +260,9 @@ class CupyBackend(Backend):
         return self._cupy.asarray(array)
 
     def to_host(self, array: Any) -> np.ndarray:
-        """A NumPy copy of ``array``, which must live on this GPU; otherwise ``TypeError``
-        naming this backend's device (``'cuda:1'``) and where the array lives."""
+        """A NumPy copy of ``array`` in its own memory order (``order="A"``), which must live
+        on this GPU; otherwise ``TypeError`` naming this backend's device (``'cuda:1'``) and
+        where the array lives (its ``device``, or its type when it has none)."""
         if not self.is_array(array):
             where = getattr(array, "device", type(array).__name__)
             raise TypeError(f"to_host of {self.device!r} takes an array of that GPU, got one of {where!r}")

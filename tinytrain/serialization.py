@@ -39,7 +39,8 @@ def to_plain(value: Any, where: str = "state") -> Any:
 
     Raises :class:`CheckpointError` naming the path (``where``) of the first value
     that is none of: ``None``, bool, int, float, str, list, tuple, dict with str or
-    int keys, NumPy array (not of dtype object), tensor or device array.
+    int keys, NumPy array (not of dtype object), tensor or device array; for a dict
+    key of another type, the error names the dict's path and the key.
     """
     if value is None or type(value) in (bool, int, float, str):  # exactly: np.float64 is a float subclass
         return value
@@ -74,7 +75,8 @@ def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], None]) -> 
 
     The bytes go to a temporary file in the same directory, which is flushed,
     fsynced and renamed over ``path``. If ``write`` (or anything else) fails, the
-    temporary file is removed, ``path`` is untouched, and the error propagates.
+    temporary file is removed (if it still exists), ``path`` is untouched, and
+    that error propagates -- not one raised while cleaning up.
     """
     path = Path(path)
     temporary = path.with_name(f".{path.name}.{uuid.uuid4().hex[:12]}.tmp")

@@ -25,7 +25,8 @@ def clip_grad_norm(parameters: Iterable[Tensor], max_norm: float = 1.0, error_if
     ``max_norm``, every gradient is multiplied in place by ``max_norm / (norm + 1e-6)``,
     which keeps the direction. Returns the norm *before* clipping, as a float.
     A non-finite norm leaves the gradients untouched (the caller must not take
-    the step) or, with ``error_if_nonfinite=True``, raises ``FloatingPointError``.
+    the step) or, with ``error_if_nonfinite=True``, raises ``FloatingPointError``
+    whose message gives the norm (``inf`` or ``nan``).
     """
     if not (isinstance(max_norm, (int, float)) and max_norm > 0):
         raise ValueError(f"max_norm must be a number > 0, got {max_norm!r}")
@@ -194,7 +195,8 @@ class Trainer(Resumable):
 
         ``loss`` is the window's summed loss. When it is not finite, skip the step
         with ``self._skip(reason)`` (which counts it, or raises under
-        ``on_nonfinite="raise"``). When clipping (``grad_clip_norm`` is not None),
+        ``on_nonfinite="raise"``); the reason gives the value, as in
+        ``f"the loss is {loss}"``. When clipping (``grad_clip_norm`` is not None),
         clip ``parameters``' gradients with :func:`clip_grad_norm`; skip the same
         way when the norm it returns is not finite, and otherwise append it to
         ``norms``. Then ``self.optimizer.step()`` and count it in ``self.step``.
@@ -284,7 +286,8 @@ class Trainer(Resumable):
         previous mode. Accuracy compares the argmax of ``(N, C)`` outputs with
         integer targets (or with the argmax of one-hot targets); it is ``nan``
         when the outputs are not class scores. Both are Python floats (logs write
-        them as JSON), read from the device once, at the end.
+        them as JSON), read from the device once, at the end. A loader that yields
+        no batches raises ``ValueError`` saying it yielded no batches.
         """
         modes = [(module, module.training) for module in self.model.modules()]
         self.model.eval()

@@ -170,7 +170,8 @@ class NumpyBackend(Backend):
 # is `("cpu", None)`. `get_backend(device)` normalises the name (`"cuda"` and
 # `"cuda:0"` are both `"cuda:0"`; there is one CPU, `"cpu"`), creates the backend
 # the first time it is asked for, and returns the **same object** every later
-# time — so two tensors are on the same device exactly when
+# time, for every spelling of the device (`"strict"`, `"strict:0"` and
+# `"strict:00"` are one device) — so two tensors are on the same device exactly when
 # `a._backend is b._backend`, a check that costs nothing.
 #
 # An unknown device must fail loudly and say what *is* available.
@@ -205,7 +206,8 @@ def parse_device(device: str) -> tuple[str, int | None]:
     """Split ``"cuda:1"`` into ``("cuda", 1)``; ``"cpu"`` into ``("cpu", None)``.
 
     Raises ``TypeError`` when ``device`` is not a string, and ``ValueError`` for a
-    malformed name or an unknown kind of device (naming the known kinds).
+    malformed name or an unknown kind of device (naming the known kinds); every
+    message names the ``device`` it was given.
     """
     ### BEGIN SOLUTION
     if not isinstance(device, str):
@@ -699,7 +701,9 @@ class Tensor:
 #
 # The result must never share memory with the caller's array: if no step made a
 # copy, copy it — otherwise changing your NumPy array later would change the
-# tensor behind your back.
+# tensor behind your back. Copy *only* then: a move to another device or a cast
+# already made a new array, and a second copy would double the memory and time
+# that converting a large tensor costs.
 
 # %% export="tensor"
 def to_array(data: Any, dtype: Any = None, device: Any = None) -> tuple[Any, Backend]:

@@ -121,9 +121,10 @@ class Function:
     Subclasses implement ``forward(*arrays, **params) -> array`` and
     ``backward(grad) -> tuple`` (one array or ``None`` per input). Inside both,
     ``self.xp`` is the array namespace and ``self.backend`` the backend.
-    ``backward`` may return new arrays, views, ``grad`` itself or an input's
-    array, but never an array kept anywhere else (a cache, another tensor's
-    data): the engine may keep a new array as a leaf's ``.grad`` without a copy.
+    ``backward`` may return new arrays, views, ``grad`` itself, an input's
+    array or an array it saved on ``self``, but never an array kept anywhere
+    else (a cache, another tensor's data): the engine may keep a new array as a
+    leaf's ``.grad`` without a copy.
     When ``self.owns_grad`` is true, nothing but the engine holds ``grad``, and
     ``backward`` may overwrite it and return it (see :func:`backward`).
     """
@@ -194,6 +195,8 @@ def sum_to_shape(grad: Any, shape: tuple[int, ...]) -> Any:
     If ``x`` of shape ``(3, 1)`` was broadcast to ``(2, 3, 4)``, every element of
     ``x`` was used 2 * 4 times, so its gradient is the sum over those copies.
     When ``grad`` already has ``shape``, return ``grad`` itself (no copy).
+    The result is always an array of ``shape`` -- a 0-d array for ``()``, never
+    the NumPy scalar that a sum over every axis gives (``keepdims=True`` avoids it).
     """
     ### BEGIN SOLUTION
     if grad.shape == shape:
@@ -226,7 +229,10 @@ print("sum_to_shape OK")
 #   used `batch` times; its gradient is `sum_to_shape(grad, b.shape)`.
 # * **Skip what nobody needs.** `self.inputs[i].requires_grad` says whether input
 #   `i` needs a gradient: the input images of a network never do, and skipping
-#   them saves a matrix product per layer.
+#   them saves a matrix product per layer. Return `None` for such an input.
+# * **Keep the dtype.** Every gradient has the dtype of `grad` (float32 stays
+#   float32): NumPy's `zeros(shape)` is float64 unless you pass `dtype=`, and
+#   float32 divided by an integer array (a count) becomes float64.
 #
 # `Add`, `Sub` and `Div` are given as worked examples of both details; you write
 # `Mul` and `Pow`, where each input's gradient needs the *other* input.
@@ -593,7 +599,9 @@ class Clip(Function):
 # $\operatorname{softmax}(a)_i = e^{a_i} / \sum_j e^{a_j}$ turns scores into
 # probabilities. $e^{1000}$ overflows, but softmax does not change when the same
 # number is subtracted from every score, so we subtract the maximum first: the
-# largest exponent is then $e^0 = 1$. Log-softmax is
+# largest exponent is then $e^0 = 1$. Take the maximum along `axis`, one per
+# softmax (`keepdims=True`): one maximum for the whole array would leave a row of
+# much smaller scores with nothing but $e^{-2000} = 0$, and $0 / 0$. Log-softmax is
 # $a_i - \log\sum_j e^{a_j}$ — computed as `shifted - log(sum(exp(shifted)))`,
 # never as `log(softmax(a))`, which gives $\log 0 = -\infty$ for very negative
 # scores.
@@ -865,6 +873,16 @@ def backward(tensor: Any, grad: Any = None, retain_graph: bool = False) -> None:
     it must be given, with the tensor's shape. A ``None`` from an operation's
     ``backward`` gives that input nothing, whether or not it requires grad.
     Re-entrant: an operation's ``backward`` may call ``backward`` itself.
+    Reaching an operation that an earlier backward freed raises
+    ``_freed_graph_error()``.
+
+    Before it calls ``fn.backward``, the engine sets ``fn.owns_grad``: for the
+    output's operation, ``owned`` (the engine made the seed); for any other,
+    whether the gradient collected for it is the engine's alone -- the one
+    gradient an operation handed it, when ``_unshared`` says so, or a sum of
+    several (always a new array). A leaf gets its share through
+    ``_accumulate(leaf, share, unshared)``. With ``retain_graph=True`` nothing
+    an operation returns counts as unshared: it keeps what it saved.
     """
     if not tensor.requires_grad:
         raise RuntimeError("backward() on a tensor that does not require grad: no input had requires_grad=True, "
@@ -962,7 +980,13 @@ def gradcheck(
     """Compare autograd's gradients of ``fn(*inputs)`` with central differences.
 
     Checks every input tensor with ``requires_grad``; they must be float64.
-    Returns True, or raises :class:`GradcheckError` naming the worst mismatch.
+    An element passes when ``|analytic - numeric| <= atol + rtol * |numeric|``;
+    an input that got no gradient (``.grad`` stays ``None``) has analytic
+    gradient 0. Every input's values are put back afterwards, on any device.
+    Returns True, or raises :class:`GradcheckError` naming the worst mismatch
+    (the largest excess over its tolerance): its input's position in
+    ``inputs``, its index as a tuple and both values, e.g. ``gradient of input
+    1 at index (1, 0): autograd gives 0.314, central differences give 0.251``.
     """
     import numpy as np  # host-side bookkeeping only: perturbations and the comparison
 

@@ -135,8 +135,12 @@ class Module:
     def __setattr__(self, name: str, value: Any) -> None:
         """Register ``Parameter`` and ``Module`` values; keep buffers up to date.
 
-        Assigning anything before ``Module.__init__`` ran (the registries do not
-        exist yet) raises ``AttributeError`` telling to call ``super().__init__()`` first.
+        A ``Tensor`` or ``None`` assigned to the name of a registered buffer replaces
+        the buffer, which stays registered (also while it is ``None``); a plain
+        ``Tensor`` assigned to any other name is an ordinary attribute, not a buffer
+        (only ``register_buffer`` makes one). Assigning anything before
+        ``Module.__init__`` ran (the registries do not exist yet) raises
+        ``AttributeError`` telling to call ``super().__init__()`` first.
         """
         ### BEGIN SOLUTION
         if "_parameters" not in self.__dict__:
@@ -269,7 +273,9 @@ class Module:
         """Move (and/or cast) every parameter, gradient and buffer in place; returns ``self``.
 
         The tensor objects stay the same, so an optimizer built on ``parameters()``
-        before the move keeps working. ``dtype`` applies to floating-point tensors only.
+        before the move keeps working. ``dtype`` applies to floating-point tensors only;
+        without it no dtype changes. An unknown ``dtype`` raises ``TypeError`` before
+        anything moves.
         """
         ### BEGIN SOLUTION
         target = None if device is None else get_backend(device)
@@ -302,7 +308,8 @@ class Module:
         ### END SOLUTION
 
     def load_state_dict(self, state: dict[str, Any], strict: bool = True) -> IncompatibleKeys:
-        """Copy the values of ``state`` (tensors or NumPy arrays) into this module's tensors.
+        """Copy the values of ``state`` into this module's tensors: tensors (on any device),
+        NumPy arrays, or lists and numbers that ``np.asarray`` takes.
 
         Values are copied into the existing arrays, so they keep their device and
         dtype and share no memory with ``state``. Raises ``RuntimeError`` listing
@@ -563,7 +570,11 @@ class LinearFunction(Function):
         return out
 
     def backward(self, grad: Any) -> tuple:
-        """Gradients for ``x``, ``weight`` (and ``bias``): ``G W``, ``G^T X``, row sums of ``G``."""
+        """Gradients for ``x``, ``weight`` (and ``bias``): ``G W``, ``G^T X``, row sums of ``G``.
+
+        One gradient per input: two without a bias. Each has ``grad``'s dtype, and the
+        weight's gradient the weight's memory order (written into ``xp.empty_like(weight)``).
+        """
         ### BEGIN SOLUTION
         x, weight, xp = self.x, self.weight, self.xp
         grad_x = grad @ weight if self.inputs[0].requires_grad else None
@@ -690,7 +701,8 @@ class ModuleList(Module):
         self.extend(modules)
 
     def append(self, module: Module) -> "ModuleList":
-        """Add ``module`` at the end; returns ``self``."""
+        """Add ``module`` at the end; returns ``self``. Raises ``TypeError`` naming the
+        type of anything that is not a ``Module``."""
         ### BEGIN SOLUTION
         if not isinstance(module, Module):
             raise TypeError(f"{type(self).__name__} holds Modules, got {type(module).__name__}")

@@ -61,10 +61,11 @@ from tinytrain.tensor import Tensor
 def dropout(x: Tensor, p: float = 0.5, training: bool = True) -> Tensor:
     """Inverted dropout: zero each element with probability ``p``, scale the rest by ``1/(1-p)``.
 
-    The identity when ``training`` is false or ``p == 0``. ``p`` must be in [0, 1)
-    (``ValueError`` otherwise). The mask comes from ``x``'s device generator,
-    drawn in float32 whatever ``x``'s dtype (the generators refuse float16, which
-    mixed precision computes in) and then cast to ``x``'s dtype.
+    The identity (``x`` itself) when ``training`` is false or ``p == 0``. ``p`` must be
+    in [0, 1) (``ValueError`` otherwise). The mask keeps the elements whose uniform
+    draw ``u`` from ``x``'s device generator is ``>= p``; it is drawn in float32
+    whatever ``x``'s dtype (the generators refuse float16, which mixed precision
+    computes in) and then cast to ``x``'s dtype.
     """
     if not 0 <= p < 1:
         raise ValueError(f"dropout probability p must be in [0, 1), got {p}")
@@ -205,7 +206,8 @@ class LayerNorm(Module):
     """Normalise each sample over its last ``len(normalized_shape)`` axes, then ``* weight + bias``.
 
     ``weight`` (ones) and ``bias`` (zeros) have shape ``normalized_shape``; the same
-    computation in training and evaluation. Raises ``ValueError`` when the input's
+    computation in training and evaluation. An input of shape ``normalized_shape``
+    itself is one sample. Raises ``ValueError`` naming the input's shape when its
     trailing axes are not ``normalized_shape``.
     """
 
@@ -267,7 +269,10 @@ class _BatchNorm(Module):
 
     Training mode normalises with the batch's statistics and updates the running
     averages (``running_var`` with the unbiased variance); evaluation mode
-    normalises with the running averages. Subclasses set ``input_ndims``.
+    normalises with the running averages. Training mode needs at least two values per
+    channel (the unbiased variance divides by count - 1): fewer, as in a batch of one
+    ``(1, C)`` sample, raise ``ValueError`` naming the layer and the input's shape,
+    before any running average changes. Subclasses set ``input_ndims``.
     """
 
     input_ndims: tuple[int, ...] = ()

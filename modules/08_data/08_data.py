@@ -118,8 +118,9 @@ class TensorDataset(Dataset):
     with an int gives one sample, with an integer index array (or a slice) a
     whole batch — always a tuple with one entry per array.
 
-    Raises ``ValueError`` when there is no array, when an array has no first
-    dimension, or when the first dimensions differ (naming the lengths).
+    Raises ``ValueError``, with a message that says what is wrong, when there is
+    no array, when an array has no first dimension (naming its position in
+    ``arrays``, counted from 0), or when the first dimensions differ (naming the lengths).
     """
 
     def __init__(self, *arrays: Any) -> None:
@@ -143,7 +144,11 @@ class TensorDataset(Dataset):
         return len(self.arrays[0])
 
     def __getitem__(self, index: Any) -> tuple:
-        """Row(s) ``index`` of every array: an int, an integer index array or a slice."""
+        """Row(s) ``index`` of every array: an int, an integer index array or a slice.
+
+        The index array may also be an integer ``Tensor``, on any device: its
+        values (``index.numpy()``) index the host arrays.
+        """
         ### BEGIN SOLUTION
         if isinstance(index, Tensor):
             index = index.numpy()
@@ -239,6 +244,7 @@ def collate(samples: Sequence[Any]) -> Any:
     Samples that are tuples (or lists) of fields give a tuple with one stacked
     array per field: ``[(x0, y0), (x1, y1)] -> (stack([x0, x1]), stack([y0, y1]))``.
     Any other sample (an array, a number, a tensor) gives one stacked array.
+    A list of one sample gives a batch of one (the last batch of an epoch may be one).
     """
     ### BEGIN SOLUTION
     first = samples[0]

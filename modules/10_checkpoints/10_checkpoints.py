@@ -127,7 +127,8 @@ def to_plain(value: Any, where: str = "state") -> Any:
 
     Raises :class:`CheckpointError` naming the path (``where``) of the first value
     that is none of: ``None``, bool, int, float, str, list, tuple, dict with str or
-    int keys, NumPy array (not of dtype object), tensor or device array.
+    int keys, NumPy array (not of dtype object), tensor or device array; for a dict
+    key of another type, the error names the dict's path and the key.
     """
     ### BEGIN SOLUTION
     if value is None or type(value) in (bool, int, float, str):  # exactly: np.float64 is a float subclass
@@ -197,7 +198,8 @@ def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], None]) -> 
 
     The bytes go to a temporary file in the same directory, which is flushed,
     fsynced and renamed over ``path``. If ``write`` (or anything else) fails, the
-    temporary file is removed, ``path`` is untouched, and the error propagates.
+    temporary file is removed (if it still exists), ``path`` is untouched, and
+    that error propagates -- not one raised while cleaning up.
     """
     path = Path(path)
     temporary = path.with_name(f".{path.name}.{uuid.uuid4().hex[:12]}.tmp")
@@ -662,7 +664,9 @@ print(f"weights-only resume: largest difference from the uninterrupted run {gap:
 # You write the two decisions: which epoch files `ModelCheckpoint` keeps (the
 # newest `keep_last`, plus every epoch divisible by `every`), and when
 # `EarlyStopping` stops (count the epochs without an improvement; reset the count
-# on an improvement).
+# on an improvement). With `restore_best=True`, an improvement also keeps a copy
+# of the weights, `self._best_weights = trainer.model.state_dict()`, which the
+# given `on_fit_end` puts back.
 
 # %% export="callbacks"
 """Callbacks for :meth:`tinytrain.training.Trainer.fit`: checkpoints, CSV logs, early stopping.

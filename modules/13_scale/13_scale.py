@@ -135,7 +135,9 @@ class Recompute(Function):
 
     def forward(self, *arrays: Any, function: Callable[..., Tensor], count: int) -> Any:
         """Run ``function`` on the first ``count`` arrays (the rest is the anchor) under
-        ``no_grad``; remember ``function`` and every generator's state for the recompute."""
+        ``no_grad``; remember ``function`` and every generator's state for the recompute.
+        A function that returns anything but one Tensor raises ``TypeError`` naming the
+        type it returned (``tuple``, say)."""
         ### BEGIN SOLUTION
         self.function = function
         self.rng = capture_rng_state()

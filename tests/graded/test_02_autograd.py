@@ -9,45 +9,68 @@ are checked on graphs of the installed operations (the tensor operators, and
 ``InstalledFunction`` subclasses: one creation counter orders them all), so one
 unfinished part does not fail the checks of another.
 """
+import re
+
 import numpy as np
-import pytest
 
 import tinytrain as tt
 from tinytrain.autograd import Function as InstalledFunction  # the package's, imported before any overlay
-from tinytrain.course.checks import check
+from tinytrain.course.checks import check, expect_close, expect_equal, expect_raises
 
 RNG = np.random.default_rng(0)
 
+# the checks of the backward rules the student writes: a check that needs them all runs after them
+RULE_CHECKS = ("test_mul_backward", "test_pow_backward", "test_matmul_backward", "test_max_backward",
+               "test_sigmoid_forward_is_stable", "test_softmax_backward", "test_indexing_backward")
 
-def _op(student, name, arrays, **params):
-    """A fresh instance of the student's operation ``name`` after its forward on ``arrays``."""
+
+def _op(student, name, arrays, needs=None, **params):
+    """A fresh instance of the student's operation ``name`` after its forward on ``arrays``.
+
+    ``needs[i]`` says whether input ``i`` requires grad (default: all do).
+    """
+    needs = (True,) * len(arrays) if needs is None else needs
     fn = getattr(student, name)()
     fn.backend = tt.get_backend("cpu")
-    fn.inputs = tuple(tt.tensor(a, dtype="float64", requires_grad=True) for a in arrays)
+    fn.inputs = tuple(tt.tensor(a, dtype=np.asarray(a).dtype.name, requires_grad=need)
+                      for a, need in zip(arrays, needs))
     out = fn.forward(*arrays, **params)
     return fn, out
 
 
-def assert_backward(student, name, arrays, eps=1e-6, **params):
-    """``backward`` of operation ``name`` agrees with central differences of its ``forward``."""
+def _describe(name, arrays, needs, params):
+    shapes = ", ".join(str(np.shape(a)) for a in arrays)
+    extra = "".join(f", {key}={value!r}" for key, value in params.items())
+    wanted = "" if needs is None else f", requires_grad={tuple(needs)}"
+    return f"{name} of inputs with shapes {shapes}{extra}{wanted}"
+
+
+def assert_backward(student, name, arrays, needs=None, eps=1e-6, **params):
+    """``backward`` of operation ``name`` agrees with central differences of its ``forward``; an input that
+    does not require grad (``needs[i]`` false) gets ``None``."""
     arrays = [np.asarray(a, dtype=np.float64) for a in arrays]
-    fn, out = _op(student, name, [a.copy() for a in arrays], **params)
-    weights = RNG.standard_normal(np.shape(out))
+    what = _describe(name, arrays, needs, params)
+    fn, out = _op(student, name, [a.copy() for a in arrays], needs, **params)
+    weights = np.asarray(RNG.standard_normal(np.shape(out)))
     grads = fn.backward(weights.copy())
-    assert len(grads) == len(arrays), f"{name}.backward returns one gradient per input, got {len(grads)}"
+    assert len(grads) == len(arrays), f"{what}: expected backward to return {len(arrays)} gradients, got {len(grads)}"
     for i, array in enumerate(arrays):
-        assert grads[i] is not None, f"{name}.backward: no gradient for input {i}, which requires grad"
+        if needs is not None and not needs[i]:
+            assert grads[i] is None, (f"{what}: input {i} does not require grad, so expected None for it, got an "
+                                      f"array of shape {np.shape(grads[i])}")
+            continue
+        assert grads[i] is not None, f"{what}: expected a gradient for input {i}, which requires grad, got None"
         analytic = np.asarray(grads[i], dtype=np.float64)
-        assert analytic.shape == array.shape, f"{name}: gradient {i} has shape {analytic.shape}, input {array.shape}"
         numeric = np.zeros_like(array)
         for j in range(array.size):
             estimates = []
             for step in (eps, -eps):
                 moved = [a.copy() for a in arrays]
                 moved[i].flat[j] += step
-                estimates.append(float((weights * _op(student, name, moved, **params)[1]).sum()))
+                estimates.append(float((weights * _op(student, name, moved, needs, **params)[1]).sum()))
             numeric.flat[j] = (estimates[0] - estimates[1]) / (2 * eps)
-        np.testing.assert_allclose(analytic, numeric, rtol=1e-5, atol=1e-7, err_msg=f"{name}.backward, input {i}")
+        expect_close(analytic, numeric, f"{what}: gradient of input {i} (central differences expected)",
+                     rtol=1e-5, atol=1e-7)
 
 
 @check(points=2, hint="apply: fn = cls(); fn.backend = inputs[0]._backend; forward on the arrays; record fn, inputs and "
@@ -62,15 +85,24 @@ def test_function_apply(student):
 
     x = tt.tensor([1.0, 2.0], requires_grad=True)
     y = Double.apply(x)
-    assert isinstance(y, tt.Tensor) and y.numpy().tolist() == [2.0, 4.0]
-    assert y.requires_grad and isinstance(y._ctx, Double) and tuple(y._ctx.inputs) == (x,)
-    assert y._ctx.backend is x._backend
+    assert isinstance(y, tt.Tensor), f"Double.apply(x): expected a Tensor, got {type(y).__name__}"
+    expect_equal(y.numpy(), np.array([2.0, 4.0], dtype=np.float32), "Double.apply([1, 2])")
+    assert y.requires_grad, "Double.apply(x) with x.requires_grad: expected requires_grad True, got False"
+    assert isinstance(y._ctx, Double), f"Double.apply(x): expected _ctx to be the Double instance, got {y._ctx!r}"
+    assert tuple(y._ctx.inputs) == (x,), f"Double.apply(x): expected _ctx.inputs == (x,), got {y._ctx.inputs!r}"
+    assert y._ctx.backend is x._backend, f"expected fn.backend to be x's backend, got {y._ctx.backend!r}"
     z = Double.apply(y)
-    assert z._ctx.sequence > y._ctx.sequence, "a later operation gets a larger sequence number"
+    assert z._ctx.sequence > y._ctx.sequence, (f"a later operation gets a larger sequence number: expected more than "
+                                               f"{y._ctx.sequence}, got {z._ctx.sequence}")
     constant = Double.apply(tt.tensor([1.0]))
-    assert not constant.requires_grad and constant._ctx is None, "nothing requires grad: record nothing"
+    assert not constant.requires_grad and constant._ctx is None, (
+        f"no input requires grad: expected requires_grad False and _ctx None, got {constant.requires_grad} and "
+        f"{constant._ctx!r}")
     with student.no_grad():
-        assert not Double.apply(x).requires_grad, "under no_grad nothing is recorded"
+        quiet = Double.apply(x)
+    assert not quiet.requires_grad and quiet._ctx is None, (
+        f"under no_grad nothing is recorded: expected requires_grad False and _ctx None, got {quiet.requires_grad} "
+        f"and {quiet._ctx!r}")
 
     class Total(student.Function):
         def forward(self, a):
@@ -80,7 +112,9 @@ def test_function_apply(student):
             return (grad,)
 
     total = Total.apply(tt.tensor([1.0, 2.0]))
-    assert isinstance(total.data, np.ndarray) and total.shape == (), "a 0-d result is wrapped in an array"
+    assert isinstance(total.data, np.ndarray) and total.shape == (), (
+        f"a 0-d result is wrapped in an array: expected a 0-d numpy.ndarray, got {type(total.data).__name__} "
+        f"with shape {np.shape(total.data)}")
 
 
 @check(points=1, hint="apply catches the ValueError of a forward and raises one that names the input shapes")
@@ -89,9 +123,8 @@ def test_function_apply_errors(student):
         def forward(self, a, b):
             raise ValueError("shapes do not fit")
 
-    with pytest.raises(ValueError) as error:
-        Broken.apply(tt.zeros(2, 3), tt.zeros(4))
-    assert "(2, 3)" in str(error.value) and "(4,)" in str(error.value)
+    expect_raises(ValueError, lambda: Broken.apply(tt.zeros(2, 3), tt.zeros(4)),
+                  "Broken.apply of shapes (2, 3) and (4,) whose forward raises ValueError", mentions=("(2, 3)", "(4,)"))
 
 
 @check(points=1, hint="apply passes params to forward by name (forward(*arrays, **params)), and the result lives on "
@@ -105,7 +138,8 @@ def test_function_apply_params_and_devices(student):
             return (grad,)
 
     x = tt.tensor([1.0, 2.0], requires_grad=True)
-    assert Scale.apply(x, factor=3.0).numpy().tolist() == [3.0, 6.0]
+    expect_equal(Scale.apply(x, factor=3.0).numpy(), np.array([3.0, 6.0], dtype=np.float32),
+                 "Scale.apply([1, 2], factor=3.0)")
 
     class ToStrict(student.Function):
         def forward(self, a):
@@ -118,44 +152,66 @@ def test_function_apply_params_and_devices(student):
     moved = ToStrict.apply(x)
     assert moved.device == "strict:0", f"expected the result on 'strict:0' (fn.output_backend), got {moved.device!r}"
     scalar = ToStrict.apply(tt.tensor(2.0))
-    assert scalar.shape == () and scalar.device == "strict:0", "a 0-d result is wrapped by its own device's xp"
+    assert scalar.shape == () and scalar.device == "strict:0", (
+        f"a 0-d result is wrapped by its own device's xp: expected shape () on 'strict:0', got shape {scalar.shape} "
+        f"on {scalar.device!r}")
 
 
-@check(points=2, hint="sum_to_shape sums the leading extra axes and the axes where the shape has 1 but grad does not")
+def _broadcast_sources(shape):
+    """Every shape that broadcasts to ``shape``: a suffix of it with any of its axes set to 1."""
+    for start in range(len(shape) + 1):
+        tail = shape[start:]
+        for mask in range(2 ** len(tail)):
+            yield tuple(1 if mask >> k & 1 else n for k, n in enumerate(tail))
+
+
+@check(points=2, hint="sum_to_shape sums the leading extra axes and the axes where the shape has 1 but grad does not, "
+                      "and returns an array of that shape (a 0-d array for shape (), never a NumPy scalar)")
 def test_sum_to_shape(student):
     grad = np.ones((2, 3, 4))
-    assert student.sum_to_shape(grad, (3, 1)).tolist() == [[8.0]] * 3
-    assert student.sum_to_shape(grad, (2, 3, 4)) is grad, "same shape: return grad itself"
-    assert student.sum_to_shape(grad, ()).shape == () and float(student.sum_to_shape(grad, ())) == 24.0
-    assert student.sum_to_shape(grad, (1, 4)).tolist() == [[6.0] * 4]
-    values = np.arange(24.0).reshape(2, 3, 4)
-    np.testing.assert_array_equal(student.sum_to_shape(values, (2, 1, 4)), values.sum(axis=1, keepdims=True))
-    np.testing.assert_array_equal(student.sum_to_shape(values, (4,)), values.sum(axis=(0, 1)))
-
-
-
+    assert student.sum_to_shape(grad, (2, 3, 4)) is grad, "same shape: expected grad itself, got another array"
+    for grad_shape in [(2, 3, 4), (1, 3, 2), (2, 1, 2), (5,)]:
+        values = np.arange(1.0, 1.0 + np.prod(grad_shape)).reshape(grad_shape).astype(np.float32)
+        for shape in _broadcast_sources(grad_shape):
+            leading = len(grad_shape) - len(shape)
+            axes = tuple(range(leading)) + tuple(leading + k for k, n in enumerate(shape) if n == 1)
+            expected = values.sum(axis=axes, keepdims=True).reshape(shape)
+            got = student.sum_to_shape(values, shape)
+            what = f"sum_to_shape(grad of shape {grad_shape}, {shape})"
+            assert isinstance(got, np.ndarray), f"{what}: expected a numpy.ndarray, got {type(got).__name__} {got!r}"
+            expect_close(got, expected, what, rtol=0, atol=0, dtype=np.float32)
 
 
 @check(points=2, hint="Mul: grad*b for a and grad*a for b, each through sum_to_shape of its input's shape, and None "
-                      "for an input that needs no gradient")
+                      "for an input that does not require grad (self.inputs[i].requires_grad)")
 def test_mul_backward(student):
     a, b = RNG.standard_normal((3, 4)), RNG.uniform(0.5, 2.0, (3, 1))
     assert_backward(student, "Mul", [a, b])
     assert_backward(student, "Mul", [RNG.standard_normal((4,)), RNG.standard_normal((2, 4))])
     assert_backward(student, "Mul", [RNG.standard_normal(()), RNG.standard_normal((2, 2))])
+    assert_backward(student, "Mul", [a, b], needs=(True, False))
+    assert_backward(student, "Mul", [a, b], needs=(False, True))
 
 
-@check(points=1, hint="Pow: d/da = b * a**(b-1), d/db = a**b * log(a)")
+@check(points=1, hint="Pow: d/da = b * a**(b-1), d/db = a**b * log(a), and None for an input that does not require "
+                      "grad (self.inputs[i].requires_grad)")
 def test_pow_backward(student):
-    assert_backward(student, "Pow", [RNG.uniform(0.5, 2.0, (2, 3)), RNG.uniform(-1.0, 2.0, (3,))])
+    a, b = RNG.uniform(0.5, 2.0, (2, 3)), RNG.uniform(-1.0, 2.0, (3,))
+    assert_backward(student, "Pow", [a, b])
+    assert_backward(student, "Pow", [a, b], needs=(True, False))
+    assert_backward(student, "Pow", [a, b], needs=(False, True))
 
 
-@check(points=2, hint="MatMul: grad @ b^T and a^T @ grad; treat 1-D operands as a row/column, and sum broadcast batches")
+@check(points=2, hint="MatMul: grad @ b^T and a^T @ grad, transposing the last two axes; treat 1-D operands as a "
+                      "row/column, sum broadcast batches, and None for an input that does not require grad")
 def test_matmul_backward(student):
-    assert_backward(student, "MatMul", [RNG.standard_normal((2, 3)), RNG.standard_normal((3, 4))])
-    assert_backward(student, "MatMul", [RNG.standard_normal((2, 2, 3)), RNG.standard_normal((3, 2))])
-    assert_backward(student, "MatMul", [RNG.standard_normal((3,)), RNG.standard_normal((3, 2))])
-    assert_backward(student, "MatMul", [RNG.standard_normal((2, 3)), RNG.standard_normal((3,))])
+    normal = RNG.standard_normal
+    for shapes in [((2, 3), (3, 4)), ((2, 2, 3), (3, 2)), ((3,), (3, 2)), ((2, 3), (3,)), ((2, 2, 3), (3,)),
+                   ((3,), (3,)), ((3,), (2, 3, 4)), ((2, 3), (2, 3, 4)), ((2, 1, 2, 3), (3, 3, 2))]:
+        assert_backward(student, "MatMul", [normal(shape) for shape in shapes])
+    a, b = normal((2, 3)), normal((3, 4))
+    assert_backward(student, "MatMul", [a, b], needs=(True, False))
+    assert_backward(student, "MatMul", [a, b], needs=(False, True))
 
 
 @check(points=2, hint="Max: the gradient goes to the element(s) equal to the maximum; tied winners share it "
@@ -166,30 +222,43 @@ def test_max_backward(student):
     assert_backward(student, "Max", [x], axis=(1,), keepdims=False)
     assert_backward(student, "Max", [x], axis=(0,), keepdims=True)
     tied, out = _op(student, "Max", [np.array([[1.0, 5.0, 5.0], [2.0, 0.0, 1.0]])], axis=(1,), keepdims=False)
-    assert tied.backward(np.ones(2))[0].tolist() == [[0, 0.5, 0.5], [1, 0, 0]], "tied maxima share the gradient"
-
-
-
+    expect_close(tied.backward(np.ones(2))[0], np.array([[0, 0.5, 0.5], [1, 0, 0]]),
+                 "Max over axis 1 of [[1, 5, 5], [2, 0, 1]], backward of ones (tied maxima share the gradient)")
 
 
 @check(points=1, hint="Sigmoid forward: 1/(1+e^-|a|) for a >= 0 and e^-|a|/(1+e^-|a|) for a < 0 -- exp of a "
                       "non-positive number never overflows")
 def test_sigmoid_forward_is_stable(student):
-    x = RNG.standard_normal((3, 4)) * 5
+    x = np.array([[-8.0, -3.0, -1.0, -0.5], [-0.1, 0.0, 0.1, 0.5], [0.9, 1.0, 3.0, 8.0]])
     _, out = _op(student, "Sigmoid", [x])
-    np.testing.assert_allclose(out, 1 / (1 + np.exp(-x)), rtol=1e-12)
+    expect_close(out, 1 / (1 + np.exp(-x)), f"Sigmoid forward of {x.tolist()}", rtol=1e-12, atol=0)
     with np.errstate(over="raise"):
-        _, out = _op(student, "Sigmoid", [np.array([-1000.0, -30.0, 0.0, 30.0, 1000.0])])
-    assert np.isfinite(out).all() and np.allclose(out, [0.0, 1 / (1 + np.exp(30.0)), 0.5, 1 / (1 + np.exp(-30.0)), 1.0])
+        try:
+            _, out = _op(student, "Sigmoid", [np.array([-1000.0, -30.0, 0.0, 30.0, 1000.0])])
+        except FloatingPointError as error:
+            raise AssertionError(f"Sigmoid forward of [-1000, -30, 0, 30, 1000]: expected no overflow, got {error}") \
+                from None
+    expect_close(out, [0.0, 1 / (1 + np.exp(30.0)), 0.5, 1 / (1 + np.exp(-30.0)), 1.0],
+                 "Sigmoid forward of [-1000, -30, 0, 30, 1000]", rtol=1e-12, atol=0)
 
 
-@check(points=2, hint="Softmax: subtract the max along axis first; backward s*(g - sum(g*s, axis, keepdims=True))")
+@check(points=2, hint="Softmax: subtract the max along axis (keepdims=True), one per softmax, not one for the whole "
+                      "array; backward s*(g - sum(g*s, axis, keepdims=True))")
 def test_softmax_backward(student):
     x = RNG.standard_normal((3, 4))
     assert_backward(student, "Softmax", [x], axis=1)
     assert_backward(student, "Softmax", [x], axis=0)
     _, probs = _op(student, "Softmax", [np.array([[1000.0, 0.0, -1000.0]])], axis=1)
-    assert np.isfinite(probs).all() and np.allclose(probs, [[1, 0, 0]])
+    expect_close(probs, [[1.0, 0.0, 0.0]], "Softmax over axis 1 of [[1000, 0, -1000]]")
+    far_apart = np.array([[1000.0, 999.0, 998.0], [-1000.0, -1001.0, -1002.0]])
+    expected = np.exp([0.0, -1.0, -2.0]) / np.exp([0.0, -1.0, -2.0]).sum()
+    with np.errstate(all="ignore"):
+        _, probs = _op(student, "Softmax", [far_apart], axis=1)
+        expect_close(probs, np.stack([expected, expected]),
+                     "Softmax over axis 1 of [[1000, 999, 998], [-1000, -1001, -1002]] (each row's own maximum)")
+        _, probs = _op(student, "Softmax", [far_apart.T.copy()], axis=0)
+        expect_close(probs, np.stack([expected, expected]).T,
+                     "Softmax over axis 0 of [[1000, -1000], [999, -1001], [998, -1002]] (each column's own maximum)")
 
 
 @check(points=2, hint="GetItem backward scatters grad into zeros of the input's shape: scatter_add for integer "
@@ -199,19 +268,23 @@ def test_indexing_backward(student):
     assert_backward(student, "GetItem", [x], index=(slice(1, 3), 0))
     assert_backward(student, "GetItem", [x], index=np.array([0, 2, 0]))
     picked, _ = _op(student, "GetItem", [np.array([1.0, 2.0, 3.0])], index=np.array([0, 0, 2]))
-    assert picked.backward(np.ones(3))[0].tolist() == [2.0, 0.0, 1.0], "repeated indices add their gradients"
+    expect_close(picked.backward(np.ones(3))[0], np.array([2.0, 0.0, 1.0]),
+                 "GetItem of [1, 2, 3] at [0, 0, 2], backward of ones (repeated indices add their gradients)")
+
+
+# (operation, input shapes, params) of every backward rule the student writes; inputs in [0.5, 2): Pow needs a > 0
+RULE_CASES = [("GetItem", [(4, 3)], {"index": np.array([0, 2, 0])}), ("GetItem", [(4, 3)], {"index": (slice(1, 3), 0)}),
+              ("MatMul", [(2, 3), (3, 4)], {}), ("Mul", [(3, 4), (4,)], {}), ("Pow", [(3, 4), (4,)], {}),
+              ("Max", [(3, 4)], {"axis": (1,), "keepdims": False}), ("Softmax", [(3, 4)], {"axis": 1}),
+              ("Sigmoid", [(5,)], {})]
 
 
 @check(points=2, hint="backward rules compute with self.xp (NumPy on the CPU, CuPy on a GPU), never with np: "
-                      "np.zeros, np.arange, np.add.at and friends fail on another device's arrays")
+                      "np.zeros, np.arange, np.add.at and friends fail on another device's arrays", after=RULE_CHECKS)
 def test_backward_rules_run_on_another_device(student):
     strict = tt.get_backend("strict")
-    cases = [("GetItem", [(4, 3)], {"index": np.array([0, 2, 0])}), ("GetItem", [(4, 3)], {"index": (slice(1, 3), 0)}),
-             ("MatMul", [(2, 3), (3, 4)], {}), ("Mul", [(3, 4), (4,)], {}), ("Pow", [(3, 4), (4,)], {}),
-             ("Max", [(3, 4)], {"axis": (1,), "keepdims": False}), ("Softmax", [(3, 4)], {"axis": 1}),
-             ("Sigmoid", [(5,)], {})]
-    for name, shapes, params in cases:
-        arrays = [RNG.uniform(0.5, 2.0, shape).astype(np.float32) for shape in shapes]  # Pow needs a > 0
+    for name, shapes, params in RULE_CASES:
+        arrays = [RNG.uniform(0.5, 2.0, shape).astype(np.float32) for shape in shapes]
         fn, out = _op(student, name, arrays, **params)
         expected = fn.backward(np.ones_like(out))
         fn = getattr(student, name)()
@@ -223,9 +296,26 @@ def test_backward_rules_run_on_another_device(student):
             out = fn.forward(*[strict.from_host(a) for a in arrays], **on_device)
             got = fn.backward(strict.xp.ones_like(out))
         except TypeError as error:
-            raise AssertionError(f"{name} on the strict device: {error}") from None
+            raise AssertionError(f"{name} on the strict device: expected it to run, got TypeError: {error}") from None
         for i, (want, have) in enumerate(zip(expected, got)):
-            np.testing.assert_allclose(strict.to_host(have), want, rtol=1e-6, err_msg=f"{name}, input {i}, on strict")
+            assert strict.is_array(have), (f"{name} on the strict device, gradient of input {i}: expected a strict-device "
+                                           f"array, got {type(have).__name__}")
+            expect_close(strict.to_host(have), want, f"{name} on the strict device, gradient of input {i}", rtol=1e-6)
+
+
+@check(points=1, hint="a gradient keeps the dtype of grad (float32 stays float32): pass dtype= to zeros and to sums "
+                      "of booleans, since NumPy makes zeros float64 and float32 / int64 float64", after=RULE_CHECKS)
+def test_backward_rules_keep_the_dtype(student):
+    for name, shapes, params in RULE_CASES:
+        arrays = [RNG.uniform(0.5, 2.0, shape).astype(np.float32) for shape in shapes]
+        fn, out = _op(student, name, arrays, **params)
+        what = _describe(name, arrays, None, params) + " in float32"
+        assert np.asarray(out).dtype == np.float32, f"{what}: expected a float32 result, got {np.asarray(out).dtype}"
+        if name == "Sigmoid":
+            continue  # its backward is given
+        for i, grad in enumerate(fn.backward(np.ones_like(out))):
+            dtype = getattr(grad, "dtype", type(grad).__name__)
+            assert dtype == np.float32, f"{what}: expected a float32 gradient for input {i}, got {dtype}"
 
 
 @check(points=3, hint="backward: pop the newest operation (heap keyed by -sequence), call its backward, add each share "
@@ -234,23 +324,30 @@ def test_engine(student):
     x = tt.tensor(3.0, requires_grad=True)
     y = tt.tensor(4.0, requires_grad=True)
     student.backward(x * y + x)
-    assert (x.grad.item(), y.grad.item()) == (5.0, 3.0)
+    expect_close((x.grad.item(), y.grad.item()), (5.0, 3.0), "(x.grad, y.grad) of x*y + x at x=3, y=4")
     # a diamond: both paths must arrive before the shared node passes its gradient on
     a = tt.tensor([1.0, 2.0], requires_grad=True)
     shared = a * a
     student.backward(((shared * 3) + shared.exp()).sum())
     expected = 6 * np.array([1.0, 2.0]) + 2 * np.array([1.0, 2.0]) * np.exp([1.0, 4.0])
-    np.testing.assert_allclose(a.grad.numpy(), expected, rtol=1e-6)
+    expect_close(a.grad.numpy(), expected, "a.grad of sum(3 a^2 + exp(a^2)) at a=[1, 2] (a diamond)", rtol=1e-6)
     # a long chain: no recursion
     chain = x
     for _ in range(5_000):
         chain = chain * 1.0
     student.backward(chain)
-    assert x.grad.item() == 6.0, "gradients accumulate on a leaf across backward calls (5 + 1)"
+    expect_close(x.grad.item(), 6.0, "x.grad after a second backward (a 5,000-op chain): gradients accumulate, 5 + 1")
+    # inputs that need no gradient, mixed with ones that do
+    w = tt.tensor([[1.0, 2.0], [3.0, 4.0]], requires_grad=True)
+    images = tt.tensor([[1.0, -1.0], [0.5, 2.0]])
+    student.backward((images @ w).sum())
+    expect_close(w.grad.numpy(), np.array([[1.5, 1.5], [1.0, 1.0]]), "w.grad of sum(images @ w)")
+    assert images.grad is None, f"an input that does not require grad gets no .grad: expected None, got {images.grad}"
 
 
 @check(points=1, hint="backward: a None from an operation's backward gives that input nothing (even if it requires "
-                      "grad); keep the heap and the collected gradients local to one call: a backward may call backward")
+                      "grad); keep the heap and the collected gradients local to one call: a backward may call backward",
+       after="test_engine")
 def test_engine_none_gradients_and_nested_backward(student):
     class FirstOnly(InstalledFunction):
         def forward(self, a, b):
@@ -261,7 +358,8 @@ def test_engine_none_gradients_and_nested_backward(student):
 
     a, b = tt.tensor([1.0, 2.0], requires_grad=True), tt.tensor([3.0, 4.0], requires_grad=True)
     student.backward(FirstOnly.apply(a, b).sum())
-    assert a.grad.numpy().tolist() == [1.0, 1.0] and b.grad is None, f"expected b.grad None, got {b.grad}"
+    expect_close(a.grad.numpy(), [1.0, 1.0], "a.grad of sum(FirstOnly(a, b))")
+    assert b.grad is None, f"FirstOnly.backward returns None for b: expected b.grad None, got {b.grad}"
 
     class Doubled(InstalledFunction):
         """Like Module 13's checkpointing: its backward runs a backward of its own."""
@@ -280,34 +378,134 @@ def test_engine_none_gradients_and_nested_backward(student):
     shared = Doubled.apply(x)
     student.backward(((shared * 3) + shared.exp()).sum() + older.sum())  # a diamond around the nested backward
     expected = 6 + 2 * np.exp(2 * np.array([0.5, 1.0]))
-    np.testing.assert_allclose(x.grad.numpy(), expected, rtol=1e-6, err_msg="gradient through a nested backward")
+    expect_close(x.grad.numpy(), expected, "x.grad through a nested backward", rtol=1e-6)
     assert y.grad is not None, "y never got its gradient: the nested backward cleared the outer backward's state"
-    np.testing.assert_allclose(y.grad.numpy(), [6.0, -2.0], err_msg="the other branch, after a nested backward")
+    expect_close(y.grad.numpy(), [6.0, -2.0], "y.grad, the other branch, after a nested backward")
 
 
-@check(points=1, hint="after backward the graph is freed (a second backward raises RuntimeError) unless retain_graph=True")
+@check(points=1, hint="after backward the graph is freed unless retain_graph=True: reaching a freed operation (the "
+                      "output's, or one a nested backward freed) raises the RuntimeError of _freed_graph_error",
+       after="test_engine")
 def test_engine_frees_graph(student):
     x = tt.tensor(2.0, requires_grad=True)
     loss = x * x
     student.backward(loss, retain_graph=True)
     student.backward(loss)
-    assert x.grad.item() == 8.0
-    with pytest.raises(RuntimeError):
-        student.backward(loss)
+    expect_close(x.grad.item(), 8.0, "x.grad after two backward calls of x*x at x=2 (the first with retain_graph)")
+    expect_raises(RuntimeError, lambda: student.backward(loss), "a third backward through the freed graph of x*x",
+                  mentions=("second time",))
+
+    class Peek(InstalledFunction):
+        """The identity, whose backward runs a backward of its own through ``shared``, freeing h*h."""
+
+        def forward(self, a):
+            return a.copy()
+
+        def backward(self, grad):
+            student.backward((shared * 1.0).sum())
+            return (grad,)
+
+    h = tt.tensor([1.0, 2.0], requires_grad=True)
+    shared = h * h
+    loss = (Peek.apply(shared) + shared).sum()  # the outer backward still waits on h*h when Peek's backward frees it
+    expect_raises(RuntimeError, lambda: student.backward(loss),
+                  "backward of sum(Peek(h*h) + h*h), where Peek's own backward frees h*h before the outer one gets "
+                  "to it", mentions=("second time",))
     z = tt.tensor([1.0, 2.0], requires_grad=True)
     out = z * 2
     student.backward(out, grad=tt.tensor([1.0, 10.0]))
-    assert z.grad.numpy().tolist() == [2.0, 20.0]
+    expect_close(z.grad.numpy(), [2.0, 20.0], "z.grad of z*2 with grad=[1, 10]")
+
+
+@check(points=2, hint="backward sets fn.owns_grad before each fn.backward: `owned` for the output's operation, "
+                      "_unshared(...) for the one gradient handed to an operation, True for a sum of several; a leaf "
+                      "gets _accumulate(leaf, grad, unshared); with retain_graph nothing is unshared",
+       after="test_engine")
+def test_engine_owns_and_adopts(student):
+    seen = []
+
+    class Probe(InstalledFunction):
+        """The identity; records whether the engine let it own its incoming gradient."""
+
+        def forward(self, a):
+            return a.copy()
+
+        def backward(self, grad):
+            seen.append(self.owns_grad)
+            return (grad,)
+
+    def twice(p):
+        return (p + p).sum()
+
+    cases = [  # (loss of x, what the engine hands Probe, backward's keywords, whether Probe owns it)
+        (lambda x: Probe.apply(x.sum()), "the seed the engine made", {}, True),
+        (lambda x: Probe.apply(x), "the grad= the caller passed", {"grad": tt.tensor([1.0, 1.0])}, False),
+        (lambda x: Probe.apply(x).sum(), "the broadcast view from sum's backward", {}, False),
+        (lambda x: (Probe.apply(x) * 3.0).sum(), "the new array grad*3 from Mul's backward", {}, True),
+        (lambda x: twice(Probe.apply(x)), "the sum of the two shares of p + p", {}, True),
+        (lambda x: (Probe.apply(x) * 3.0).sum(), "grad*3 from Mul's backward, with retain_graph=True",
+         {"retain_graph": True}, False),
+    ]
+    for make_loss, handed, keywords, owns in cases:
+        seen.clear()
+        student.backward(make_loss(tt.tensor([1.0, 2.0], requires_grad=True)), **keywords)
+        assert seen == [owns], f"Probe's owns_grad when it gets {handed}: expected {[owns]}, got {seen}"
+
+    returned = []
+
+    class Twice(InstalledFunction):
+        def forward(self, a):
+            return 2 * a
+
+        def backward(self, grad):
+            returned.append(grad * 2)  # a new array that nobody else holds
+            return (returned[-1],)
+
+    x = tt.tensor([1.0, 2.0], requires_grad=True)
+    student.backward(Twice.apply(x).sum())
+    expect_close(x.grad.numpy(), [2.0, 2.0], "x.grad of sum(Twice(x))")
+    assert x.grad.data is returned[0], ("x.grad keeps the new array Twice.backward returned (no copy): expected "
+                                        "x.grad.data to be that array, got a copy")
+
+    a, b = tt.tensor([1.0, 2.0], requires_grad=True), tt.tensor([3.0, 4.0], requires_grad=True)
+    student.backward(((a + b) * 2.0).sum())  # Add hands the same array to a and b: each leaf needs its own copy
+    student.backward((a * 1.0).sum())
+    expect_close((a.grad.numpy(), b.grad.numpy()), ([3.0, 3.0], [2.0, 2.0]),
+                 "(a.grad, b.grad) after backward of sum((a + b) * 2), then of sum(a * 1)")
+
+    class Triple(InstalledFunction):
+        """3 * a.sum(); when grad is 1 its backward skips the multiply and hands out the slope it saved."""
+
+        def forward(self, a):
+            self.slope = self.xp.full(a.shape, 3.0, dtype=a.dtype)
+            return 3 * a.sum()
+
+        def backward(self, grad):
+            return (self.slope if float(grad) == 1.0 else self.slope * grad,)
+
+    x = tt.tensor([1.0, 2.0], requires_grad=True)
+    y = Triple.apply(x)
+    for _ in range(3):
+        student.backward(y, retain_graph=True)
+    expect_close(x.grad.numpy(), [9.0, 9.0],
+                 "x.grad after three backward(retain_graph=True) of Triple(x), whose backward returns its saved slope")
 
 
 @check(points=2, hint="gradcheck: perturb each element by +-eps, take (f+ - f-)/(2 eps) of the projected output, "
                       "restore it; raise GradcheckError with the worst mismatch, else return True")
 def test_gradcheck(student):
-    x = tt.tensor(RNG.standard_normal((2, 3)), dtype="float64", requires_grad=True)
-    w = tt.tensor(RNG.standard_normal((3, 2)), dtype="float64", requires_grad=True)
-    before = x.numpy().copy()
-    assert student.gradcheck(lambda a, b: (a @ b).tanh(), [x, w]) is True
-    np.testing.assert_array_equal(x.numpy(), before, err_msg="gradcheck must put the inputs' values back")
+    for device in ("cpu", "strict"):
+        x = tt.tensor(RNG.standard_normal((2, 3)), dtype="float64", device=device, requires_grad=True)
+        w = tt.tensor(RNG.standard_normal((3, 2)), dtype="float64", device=device, requires_grad=True)
+        before = x.numpy().copy()
+        result = student.gradcheck(lambda a, b: (a @ b).tanh(), [x, w])
+        assert result is True, f"gradcheck of tanh(a @ b) on {device!r}: expected True, got {result!r}"
+        expect_equal(x.numpy(), before, f"the input's values after gradcheck on {device!r} (put back)")
+
+    unused = tt.tensor([1.0, 2.0], dtype="float64", requires_grad=True)
+    result = student.gradcheck(lambda a, b: a * 2.0, [tt.tensor([1.0], dtype="float64", requires_grad=True), unused])
+    assert result is True, (f"gradcheck of f(a, b) = 2a (b gets no gradient, which is right: 0): expected True, "
+                            f"got {result!r}")
 
     class WrongSquare(InstalledFunction):
         def forward(self, a):
@@ -317,6 +515,51 @@ def test_gradcheck(student):
         def backward(self, grad):
             return (grad * self.a,)  # should be 2 * a
 
-    with pytest.raises(AssertionError) as error:  # GradcheckError is an AssertionError
-        student.gradcheck(WrongSquare.apply, [tt.tensor([1.0, -2.0, 3.0], dtype="float64", requires_grad=True)])
-    assert isinstance(error.value, student.GradcheckError)
+    for values in ([1.0, -2.0, 3.0], [0.01, -0.02, 0.03]):
+        error = expect_raises(AssertionError, lambda: student.gradcheck(
+            WrongSquare.apply, [tt.tensor(values, dtype="float64", requires_grad=True)]),
+            f"gradcheck of a wrong rule for a*a at {values}")
+        assert isinstance(error, student.GradcheckError), (
+            f"expected a GradcheckError, got {type(error).__name__}: {error}")
+
+
+@check(points=1, hint="gradcheck: an element passes when |analytic - numeric| <= atol + rtol*|numeric|; the error "
+                      "names the worst element: its input's position, its index as a tuple and both values",
+       after="test_gradcheck")
+def test_gradcheck_reports_the_worst_element(student):
+    slope = np.array([[1.0, 2.0], [2.0, 1.0]])
+    wrong = np.array([[1.0, 2.05], [2.5, 1.0]])  # off by 2.5% at (0, 1) and by 25% at (1, 0)
+
+    class Weighted(InstalledFunction):
+        """sum(a) + sum(slope * b), whose backward has the wrong slope for b."""
+
+        def forward(self, a, b):
+            return a.sum() + (slope * b).sum()
+
+        def backward(self, grad):
+            return grad * np.ones(3), grad * wrong
+
+    a = tt.tensor([1.0, 2.0, 3.0], dtype="float64", requires_grad=True)
+    b = tt.tensor([[0.5, -1.0], [1.5, 2.0]], dtype="float64", requires_grad=True)
+    error = expect_raises(AssertionError, lambda: student.gradcheck(Weighted.apply, [a, b]),
+                          "gradcheck of a rule that is wrong for input 1 at (0, 1) and (1, 0)",
+                          mentions=("input 1", "(1, 0)"))
+    weight = float(np.random.default_rng(0).standard_normal(()))  # gradcheck's projection of a 0-d output
+    numbers = [float(text) for text in re.findall(r"[-+]?(?:\d+\.\d*|\.\d+|\d+)(?:[eE][-+]?\d+)?", str(error))]
+    for value, meaning in ((2.5 * weight, "autograd's value"), (2.0 * weight, "the central difference")):
+        assert any(np.isclose(number, value, rtol=1e-4, atol=0) for number in numbers), (
+            f"the GradcheckError names the worst element's values: expected {meaning} {value:.6g} in its message, "
+            f"got {str(error)!r}")
+
+    class AtTolerance(InstalledFunction):
+        """The zero function, whose backward is off by exactly atol = 1e-5: just inside the tolerance."""
+
+        def forward(self, a):
+            return a * 0.0
+
+        def backward(self, grad):
+            return (self.xp.full(grad.shape, 1e-5),)
+
+    result = student.gradcheck(AtTolerance.apply, [tt.tensor([1.0, 2.0], dtype="float64", requires_grad=True)])
+    assert result is True, (f"gradcheck with |analytic - numeric| == atol exactly (0 + atol >= 1e-5): expected True, "
+                            f"got {result!r}")

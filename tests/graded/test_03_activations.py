@@ -8,9 +8,10 @@ import math
 import numpy as np
 
 import tinytrain as tt
-from tinytrain.course.checks import check
+from tinytrain.course.checks import check, expect_close, expect_raises
 
 X = [-3.0, -0.5, 0.0, 0.5, 3.0]
+UPSTREAM = [0.5, -2.0, 1.5, 3.0, -1.0]  # a gradient from above that is not all ones
 
 
 def _gelu(x):
@@ -18,28 +19,48 @@ def _gelu(x):
     return 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3)))
 
 
+def _gelu_slope(x):
+    x = np.asarray(x, dtype=np.float64)
+    t = np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3))
+    return 0.5 * (1 + t) + 0.5 * x * (1 - t * t) * math.sqrt(2 / math.pi) * (1 + 3 * 0.044715 * x * x)
+
+
+def _log_softmax(x, axis):
+    m = x.max(axis=axis, keepdims=True)
+    return (x - m) - np.log(np.exp(x - m).sum(axis=axis, keepdims=True))
+
+
+def _backward(f, values, upstream, dtype="float64", **kwargs):
+    """(f(x) as NumPy, x.grad as NumPy) for x = values, backpropagating ``upstream``."""
+    x = tt.tensor(values, dtype=dtype, requires_grad=True)
+    y = f(x, **kwargs)
+    y.backward(tt.tensor(upstream, dtype=dtype))
+    assert x.grad is not None, f"{getattr(f, '__name__', f)}(x).backward(): expected a gradient in x.grad, got None"
+    return y.numpy(), x.grad.numpy()
+
+
 @check(points=1, hint="relu(x) is max(x, 0) elementwise; x.relu() does it")
 def test_relu(student):
-    x = tt.tensor(X, requires_grad=True)
-    y = student.relu(x)
-    np.testing.assert_allclose(y.numpy(), np.maximum(X, 0))
-    y.sum().backward()
-    np.testing.assert_allclose(x.grad.numpy(), [0, 0, 0, 1, 1])
+    y, grad = _backward(student.relu, X, UPSTREAM, dtype="float32")
+    expect_close(y, np.maximum(X, 0), f"relu({X})", dtype="float32")
+    expect_close(grad, np.array(UPSTREAM) * [0, 0, 0, 1, 1], f"gradient of relu at {X} for upstream {UPSTREAM}")
 
 
 @check(points=1, hint="sigmoid(x) = 1 / (1 + exp(-x)), and must not overflow for x = -1000")
 def test_sigmoid(student):
-    x = tt.tensor(X + [-1000.0, 1000.0])
-    y = student.sigmoid(x).numpy()
-    expected = 1 / (1 + np.exp(-np.clip(np.array(X + [-1000.0, 1000.0]), -80, 80)))
-    np.testing.assert_allclose(y, expected, rtol=1e-5, atol=1e-7)
-    assert np.isfinite(y).all()
+    values = X + [-1000.0, 1000.0]
+    y, grad = _backward(student.sigmoid, values, UPSTREAM + [1.0, 1.0], dtype="float32")
+    s = 1 / (1 + np.exp(-np.clip(np.array(values), -80, 80)))
+    expect_close(y, s, f"sigmoid({values})", rtol=1e-5, atol=1e-7, dtype="float32")
+    expect_close(grad, np.array(UPSTREAM + [1.0, 1.0]) * s * (1 - s), f"gradient of sigmoid at {values}",
+                 rtol=1e-4, atol=1e-7)
 
 
 @check(points=1, hint="tanh(x) is x.tanh(); its values lie in (-1, 1)")
 def test_tanh(student):
-    y = student.tanh(tt.tensor(X)).numpy()
-    np.testing.assert_allclose(y, np.tanh(X), rtol=1e-5)
+    y, grad = _backward(student.tanh, X, UPSTREAM, dtype="float32")
+    expect_close(y, np.tanh(X), f"tanh({X})", rtol=1e-5, dtype="float32")
+    expect_close(grad, np.array(UPSTREAM) * (1 - np.tanh(X) ** 2), f"gradient of tanh at {X}", rtol=1e-4, atol=1e-7)
 
 
 @check(points=2, hint="GELU forward: 0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 x^3))), x clipped inside the cubic")
@@ -49,40 +70,61 @@ def test_gelu_forward(student):
     expected = _gelu(np.clip(x, -10, 10))
     expected[-2:] = [20.0, 1e6]  # tanh is exactly 1 there: gelu(x) = x
     expected[0] = 0.0
-    np.testing.assert_allclose(y, expected, rtol=1e-6, atol=1e-12)
+    expect_close(y, expected, f"gelu({x}) in float64", rtol=1e-6, atol=1e-12, dtype="float64")
+    small = [-1.0, 0.5, 2.0]
+    expect_close(student.gelu(tt.tensor(small)), _gelu(small), f"gelu({small}) in float32", rtol=1e-5,
+                 dtype="float32")
 
 
-@check(points=2, hint="GELU backward: 0.5(1 + t) + 0.5 x (1 - t^2) sqrt(2/pi)(1 + 3*0.044715 x^2), times grad")
+@check(points=2, hint="GELU backward: 0.5(1 + t) + 0.5 x (1 - t^2) sqrt(2/pi)(1 + 3*0.044715 x^2), times grad",
+       after="test_gelu_forward")
 def test_gelu_backward(student):
-    x = tt.tensor([-2.5, -0.7, 0.1, 0.9, 3.0], dtype="float64", requires_grad=True)
-    assert tt.gradcheck(student.gelu, [x])
+    values = [-2.5, -0.7, 0.1, 0.9, 3.0]
+    _, grad = _backward(student.gelu, values, UPSTREAM)
+    expect_close(grad, np.array(UPSTREAM) * _gelu_slope(values), f"gradient of gelu at {values} for upstream "
+                 f"{UPSTREAM}", rtol=1e-9, atol=1e-12)
+    huge = [-1e30, -50.0, 50.0, 1e30]
+    _, grad = _backward(student.gelu, huge, [1.0, 1.0, 1.0, 1.0], dtype="float32")
+    expect_close(grad, [0.0, 0.0, 1.0, 1.0], f"gradient of gelu at {huge} (no overflow: clip x inside the cubic)")
+    x = tt.tensor([[-2.5, -0.7], [0.1, 3.0]], dtype="float64", requires_grad=True)
+    try:
+        tt.gradcheck(student.gelu, [x])
+    except tt.autograd.GradcheckError as error:
+        raise AssertionError(f"gradcheck of gelu: expected backward to match central differences, got {error}") \
+            from None
 
 
 @check(points=1, hint="gelu(x, approximate=...) supports only 'tanh'; anything else raises ValueError")
 def test_gelu_rejects_exact(student):
-    import pytest
-
-    y = student.gelu(tt.tensor([1.0]))  # the supported form works...
-    np.testing.assert_allclose(y.numpy(), _gelu([1.0]), rtol=1e-5)
-    with pytest.raises(ValueError):  # ...and the unsupported one says so
-        student.gelu(tt.tensor([1.0]), approximate="none")
+    expect_close(student.gelu(tt.tensor([1.0]), approximate="tanh"), _gelu([1.0]), "gelu([1.0], approximate='tanh')",
+                 rtol=1e-5)
+    expect_raises(ValueError, lambda: student.gelu(tt.tensor([1.0]), approximate="none"),
+                  "gelu(x, approximate='none')", mentions=("none",))
 
 
 @check(points=2, hint="softmax along axis: exp(x - max) / sum(exp(x - max)); rows sum to 1, no overflow")
 def test_softmax(student):
     x = np.array([[1.0, 2.0, 3.0], [1000.0, 1000.0, 1000.0]])
-    y = student.softmax(tt.tensor(x), axis=-1).numpy()
     e = np.exp(x - x.max(axis=-1, keepdims=True))
-    np.testing.assert_allclose(y, e / e.sum(axis=-1, keepdims=True), rtol=1e-5)
-    columns = student.softmax(tt.tensor(x[:1].T), axis=0).numpy()
-    np.testing.assert_allclose(columns.sum(axis=0), [1.0], rtol=1e-5)
+    expect_close(student.softmax(tt.tensor(x), axis=-1), e / e.sum(axis=-1, keepdims=True),
+                 "softmax([[1, 2, 3], [1000, 1000, 1000]], axis=-1)", rtol=1e-5, dtype="float32")
+    expect_close(student.softmax(tt.tensor(x)), e / e.sum(axis=-1, keepdims=True),
+                 "softmax([[1, 2, 3], [1000, 1000, 1000]]) (default axis=-1)", rtol=1e-5)
+    z = np.array([[2.0, 1.0], [0.0, -1.0], [-500.0, 3.0]])
+    e = np.exp(z - z.max(axis=0, keepdims=True))
+    expect_close(student.softmax(tt.tensor(z), axis=0), e / e.sum(axis=0, keepdims=True),
+                 "softmax([[2, 1], [0, -1], [-500, 3]], axis=0)", rtol=1e-5, atol=1e-7)
 
 
-@check(points=2, hint="log_softmax = (x - m) - log(sum(exp(x - m))) with m = max(x); finite for large x")
+@check(points=2, hint="log_softmax along axis = (x - m) - log(sum(exp(x - m))) with m = max(x) along that axis; "
+                      "finite for large x")
 def test_log_softmax(student):
     x = np.array([[1.0, 2.0, 3.0], [-1000.0, 0.0, 1000.0]])
-    y = student.log_softmax(tt.tensor(x, dtype="float64"), axis=1).numpy()
-    m = x.max(axis=1, keepdims=True)
-    expected = (x - m) - np.log(np.exp(x - m).sum(axis=1, keepdims=True))
-    np.testing.assert_allclose(y, expected, rtol=1e-9)
-    assert np.isfinite(y).all()
+    for axis in (1, 0, -1):
+        y = student.log_softmax(tt.tensor(x, dtype="float64"), axis=axis).numpy()
+        expect_close(y, _log_softmax(x, axis), f"log_softmax([[1, 2, 3], [-1000, 0, 1000]], axis={axis})",
+                     rtol=1e-9, dtype="float64")
+    y = student.log_softmax(tt.tensor(x, dtype="float64")).numpy()
+    expect_close(y, _log_softmax(x, -1), "log_softmax([[1, 2, 3], [-1000, 0, 1000]]) (default axis=-1)", rtol=1e-9)
+    expect_close(student.log_softmax(tt.tensor([0.0, -200.0])), [0.0, -200.0], "log_softmax([0, -200]) in float32",
+                 rtol=1e-6, dtype="float32")

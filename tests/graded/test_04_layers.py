@@ -5,10 +5,10 @@ and state; Linear's fused backward and ModuleList.
 (``tinytrain grade 04``). Its ``Parameter`` and ``Module`` are the student's own.
 """
 import numpy as np
-import pytest
 
 import tinytrain as tt
-from tinytrain.course.checks import check
+from tinytrain.backend import memory_order
+from tinytrain.course.checks import check, expect_close, expect_equal, expect_raises
 
 RNG = np.random.default_rng(0)
 
@@ -33,111 +33,204 @@ def _tree(student):
     return Root()
 
 
+def _names(pairs):
+    return [name for name, _ in pairs]
+
+
 @check(points=2, hint="__setattr__ files a Parameter under _parameters, a Module under _modules, a Tensor (or None) for a "
-                      "registered buffer under _buffers; anything else is a plain attribute; re-assigning moves it")
+                      "registered buffer under _buffers; anything else (a plain Tensor too) is an ordinary attribute; "
+                      "re-assigning moves it; before Module.__init__ ran, raise AttributeError saying to call "
+                      "super().__init__() first")
 def test_setattr_registers(student):
     root = _tree(student)
-    assert list(root._parameters) == ["scale"] and list(root._modules) == ["first", "second", "again"]
-    assert list(root.first._buffers) == ["count"]
+    expect_equal(list(root._parameters), ["scale"], "root._parameters after __init__")
+    expect_equal(list(root._modules), ["first", "second", "again"], "root._modules after __init__")
+    expect_equal(list(root.first._buffers), ["count"], "a Leaf's _buffers after register_buffer")
     root.scale = 3.0  # no longer a parameter
-    assert "scale" not in root._parameters and root.scale == 3.0
+    expect_equal("scale" in root._parameters, False, "'scale' in _parameters after root.scale = 3.0")
+    expect_equal(root.scale, 3.0, "root.scale after root.scale = 3.0")
     root.first.count = tt.tensor(5)  # a registered buffer stays one
-    assert root.first._buffers["count"] is root.first.count
+    assert root.first._buffers.get("count") is root.first.count, \
+        "assigning a Tensor to a registered buffer: expected _buffers['count'] to be the new tensor, " \
+        f"got {root.first._buffers.get('count')!r}"
+    root.first.count = None  # a buffer set to None stays registered ...
+    expect_equal("count" in root.first._buffers, True, "'count' in _buffers after first.count = None")
+    root.first.count = tt.tensor(2)  # ... so the next tensor is a buffer again
+    expect_equal(_names(root.named_buffers()), ["first.count", "second.count"],
+                 "named_buffers() after first.count = None, then = tt.tensor(2)")
+    root.cache = tt.zeros(2)  # a plain tensor under a new name: an ordinary attribute
+    root.nothing = None
+    for name in ("cache", "nothing"):
+        for registry in ("_parameters", "_buffers", "_modules"):
+            expect_equal(name in getattr(root, registry), False,
+                         f"{name!r} in root.{registry} after assigning a plain {type(getattr(root, name)).__name__}")
+    expect_equal(list(root.state_dict()), ["first.w", "second.w", "first.count", "second.count"],
+                 "state_dict() keys ('scale' is a float now, 'cache' and 'nothing' are plain attributes)")
     root.second = None
-    assert "second" not in root._modules or root._modules["second"] is None
+    assert "second" not in root._modules or root._modules["second"] is None, \
+        f"root.second = None: expected no module 'second', got {root._modules['second']!r}"
 
     class Early(student.Module):
         def __init__(self):
             self.w = student.Parameter([1.0])  # before super().__init__()
             super().__init__()
 
-    with pytest.raises(AttributeError):
-        Early()
+    expect_raises(AttributeError, Early, "assigning a Parameter before super().__init__()",
+                  mentions=("super().__init__()",))
 
 
-@check(points=2, hint="named_modules walks depth first, children in registration order, each module once, names dotted")
+@check(points=2, hint="named_modules walks depth first, children in registration order, each module once, names dotted",
+       after="test_setattr_registers")
 def test_named_modules(student):
     root = _tree(student)
-    names = [name for name, _ in root.named_modules()]
-    assert names == ["", "first", "second"], f"got {names}: each module once, parents first"
-    assert [name for name, _ in root.named_modules(prefix="model")] == ["model", "model.first", "model.second"]
-    assert [name for name, _ in root.named_parameters()] == ["scale", "first.w", "second.w"]
-    assert len(root.parameters()) == 3 and len(root.modules()) == 3
+    expect_equal(_names(root.named_modules()), ["", "first", "second"],
+                 "named_modules() names (each module once, parents first)")
+    expect_equal(_names(root.named_modules(prefix="model")), ["model", "model.first", "model.second"],
+                 "named_modules(prefix='model') names")
+    expect_equal(_names(root.named_parameters()), ["scale", "first.w", "second.w"], "named_parameters() names")
+    expect_equal(len(root.parameters()), 3, "len(parameters())")
+    expect_equal(len(root.modules()), 3, "len(modules())")
 
 
-@check(points=2, hint="to(device, dtype) changes every parameter, gradient and buffer in place (same objects); "
-                      "dtype casts floating-point tensors only")
+@check(points=2, hint="to(device, dtype) changes every parameter, gradient and buffer in place (same objects), on its "
+                      "device when no device is given; dtype casts floating-point tensors only, no dtype casts nothing; "
+                      "an unknown dtype raises TypeError before anything moves", after="test_named_modules")
 def test_to_device_and_dtype(student):
     root = _tree(student)
     weight = root.first.w
     weight.grad = tt.ones(2)
-    assert root.to("strict") is root
-    assert root.first.w is weight and weight.device == "strict:0" and weight.grad.device == "strict:0"
-    assert root.first.count.device == "strict:0"
+    assert root.to("strict") is root, "to() must return the module itself"
+    assert root.first.w is weight, "to() must keep the same Parameter objects"
+    for what, t in (("weight", weight), ("its gradient", weight.grad), ("a buffer", root.first.count)):
+        expect_equal(t.device, "strict:0", f"the device of {what} after to('strict')")
+    expect_equal(weight.dtype, np.dtype(np.float32), "weight dtype after to('strict') (no dtype: no cast)")
+    expect_equal(weight.grad.dtype, np.dtype(np.float32), "gradient dtype after to('strict') (no dtype: no cast)")
+    assert root.to(dtype="float16") is root, "to(dtype=...) must return the module itself"
+    expect_equal(weight.device, "strict:0", "weight device after to(dtype='float16') (no device: it stays)")
+    expect_equal(weight.dtype, np.dtype(np.float16), "weight dtype after to(dtype='float16')")
+    expect_raises(TypeError, lambda: root.to("cpu", dtype="not a dtype"), "to('cpu', dtype='not a dtype')")
+    expect_equal([t.device for t in root.parameters() + root.buffers()], ["strict:0"] * 5,
+                 "devices after a to() that raised (nothing may move)")
     root.to("cpu", dtype="float64")
-    assert weight.device == "cpu" and weight.dtype == np.float64 and weight.grad.dtype == np.float64
-    assert root.first.count.dtype == np.int64, "integer buffers keep their dtype"
-    np.testing.assert_array_equal(weight.numpy(), [0.0, 1.0])
+    expect_equal(weight.device, "cpu", "weight device after to('cpu', dtype='float64')")
+    expect_equal(weight.dtype, np.dtype(np.float64), "weight dtype after to('cpu', dtype='float64')")
+    expect_equal(weight.grad.dtype, np.dtype(np.float64), "gradient dtype after to('cpu', dtype='float64')")
+    expect_equal(root.first.count.dtype, np.dtype(np.int64), "an integer buffer's dtype after to(dtype='float64')")
+    expect_equal(weight.numpy(), np.array([0.0, 1.0]), "weight values after the moves")
 
 
-@check(points=2, hint="state_dict: every parameter and buffer by dotted name, as detached copies on their device")
+@check(points=2, hint="state_dict: every parameter and buffer by dotted name, as detached copies on their device",
+       after="test_named_modules")
 def test_state_dict(student):
     root = _tree(student)
     state = root.state_dict()
-    assert list(state) == ["scale", "first.w", "second.w", "first.count", "second.count"]
+    expect_equal(list(state), ["scale", "first.w", "second.w", "first.count", "second.count"],
+                 "state_dict() keys (parameters first, then buffers)")
     copy = state["first.w"]
-    assert not copy.requires_grad and not np.shares_memory(copy.data, root.first.w.data)
+    expect_equal(copy.requires_grad, False, "state_dict()['first.w'].requires_grad")
+    assert not np.shares_memory(copy.data, root.first.w.data), "state_dict() must copy: it shares memory with first.w"
     root.first.w.data[0] = 42.0
-    assert copy.numpy()[0] == 0.0, "the state must not change when training goes on"
+    expect_equal(copy.numpy()[0], np.float32(0.0), "the saved first.w[0] after the model's changed to 42")
 
 
-@check(points=2, hint="load_state_dict copies values into the existing arrays; strict mode lists missing/unexpected "
-                      "keys, shape mismatches always raise, and nothing is copied when it raises")
+@check(points=2, hint="load_state_dict copies values (tensors, arrays, lists, numbers) into the existing arrays; "
+                      "strict mode lists missing/unexpected keys, shape mismatches always raise naming both shapes, "
+                      "and nothing is copied when it raises", after="test_state_dict")
 def test_load_state_dict(student):
     root = _tree(student)
     array = root.first.w.data
     state = {name: value.numpy() + 1 for name, value in root.state_dict().items()}
     root.load_state_dict(state)
-    assert root.first.w.data is array, "copy in place: same array"
-    np.testing.assert_array_equal(root.first.w.numpy(), [1.0, 2.0])
+    assert root.first.w.data is array, "load_state_dict must copy into the existing array, not replace it"
+    expect_equal(root.first.w.numpy(), np.array([1.0, 2.0], dtype=np.float32), "first.w after loading NumPy arrays")
     state["first.w"][0] = 99.0
-    assert root.first.w.numpy()[0] == 1.0, "no memory shared with the state"
-    with pytest.raises(RuntimeError) as error:
-        root.load_state_dict({"scale": np.ones(1), "extra": np.ones(1)})
-    assert "first.w" in str(error.value) and "extra" in str(error.value)
-    with pytest.raises(RuntimeError):
-        root.load_state_dict({**state, "scale": np.ones(5)})
-    assert root.scale.numpy().tolist() == [2.0], "nothing is copied when loading fails"
+    expect_equal(root.first.w.numpy()[0], np.float32(1.0), "first.w[0] after changing the loaded array (no sharing)")
+    expect_raises(RuntimeError, lambda: root.load_state_dict({"scale": np.ones(1), "extra": np.ones(1)}),
+                  "load_state_dict of a state missing keys and with an extra one",
+                  mentions=("first.w", "second.count", "extra"))
+    expect_raises(RuntimeError, lambda: root.load_state_dict({**state, "scale": np.ones(5)}),
+                  "load_state_dict with 'scale' of shape (5,) for a (1,) parameter", mentions=("scale", "(1,)", "(5,)"))
+    expect_equal(root.scale.numpy(), np.array([2.0], dtype=np.float32), "scale after a load that raised (no copy)")
     result = root.load_state_dict({"scale": np.full(1, 7.0), "extra": np.ones(1)}, strict=False)
-    assert list(result.unexpected_keys) == ["extra"] and "first.w" in result.missing_keys
-    assert root.scale.numpy().tolist() == [7.0]
+    expect_equal(list(result.unexpected_keys), ["extra"], "unexpected_keys with strict=False")
+    assert "first.w" in result.missing_keys, f"missing_keys with strict=False: expected 'first.w' in it, " \
+                                             f"got {result.missing_keys}"
+    expect_equal(root.scale.numpy(), np.array([7.0], dtype=np.float32), "scale after the strict=False load")
+
+    other = _tree(student)
+    other.first.w.data[...] = [5.0, 6.0]
+    other.second.count.data[...] = 4
+    root.load_state_dict(other.state_dict())  # tensors on the same device
+    assert root.first.w.data is array, "loading tensors must copy into the existing array, not replace it"
+    expect_equal(root.first.w.numpy(), np.array([5.0, 6.0], dtype=np.float32), "first.w after loading tensors")
+    expect_equal(root.second.count.numpy(), np.array(4), "second.count after loading tensors")
+    other.first.w.data[0] = -1.0
+    expect_equal(root.first.w.numpy()[0], np.float32(5.0), "first.w[0] after changing the loaded tensor (no sharing)")
+    root.load_state_dict({"scale": [3.0], "first.w": [1.0, -1.0], "second.w": [0, 1, 2], "first.count": 7,
+                          "second.count": np.int64(8)})  # lists and numbers: through np.asarray
+    expect_equal(root.first.w.numpy(), np.array([1.0, -1.0], dtype=np.float32), "first.w after loading a list")
+    expect_equal(root.first.count.numpy(), np.array(7), "first.count after loading the number 7")
+    expect_equal(root.scale.dtype, np.dtype(np.float32), "scale's dtype after loading a list")
 
 
-@check(points=2, hint="LinearFunction.backward: grad_x = G W, grad_weight = G^T X over all leading axes, grad_bias = row sums of G")
+@check(points=2, hint="LinearFunction.backward: grad_x = G W (when x needs it), grad_weight = G^T X over all leading "
+                      "axes written into xp.empty_like(weight), grad_bias = row sums of G; one gradient per input, "
+                      "in grad's dtype")
 def test_linear_backward(student):
     fused = student.LinearFunction.apply  # the installed Function.apply and engine, the student's backward
     x = tt.tensor(RNG.standard_normal((2, 3, 4)), dtype="float64", requires_grad=True)
     w = tt.tensor(RNG.standard_normal((5, 4)), dtype="float64", requires_grad=True)
     b = tt.tensor(RNG.standard_normal(5), dtype="float64", requires_grad=True)
-    assert tt.gradcheck(fused, [x, w, b])
-    assert tt.gradcheck(fused, [x, w])
+    assert tt.gradcheck(fused, [x, w, b]), "gradcheck of LinearFunction(x, weight, bias)"
+    assert tt.gradcheck(fused, [x, w]), "gradcheck of LinearFunction(x, weight) without a bias"
+
+    # a frozen weight: x still gets its gradient, the weight none
+    upstream = RNG.standard_normal((2, 3, 5))
+    frozen = w.detach()
+    x.grad = b.grad = None
+    fused(x, frozen, b).backward(tt.tensor(upstream))
+    expect_close(x.grad, upstream @ w.numpy(), "x.grad = G W with a weight that needs no grad", rtol=1e-10)
+    expect_close(b.grad, upstream.reshape(-1, 5).sum(axis=0), "bias.grad with a weight that needs no grad", rtol=1e-10)
+    expect_equal(frozen.grad, None, "the frozen weight's grad")
+
+    # backward called directly: what it hands the engine
+    tt.manual_seed(0)
+    layer = student.Linear(4, 3)  # float32, weight stored column-major
+    inputs = tt.tensor(RNG.standard_normal((6, 4)).astype(np.float32), requires_grad=True)
+    g = RNG.standard_normal((6, 3)).astype(np.float32)
+    for args, what in (((inputs, layer.weight, layer.bias), "with a bias"), ((inputs, layer.weight), "without a bias")):
+        out = fused(*args)
+        grads = out._ctx.backward(g)
+        expect_equal(len(grads), len(args), f"the number of gradients backward returns {what}")
+        grad_weight = grads[1]
+        expect_close(tt.get_backend("cpu").to_host(grad_weight), g.T @ inputs.numpy(), f"grad_weight {what}",
+                     rtol=1e-5, atol=1e-5)
+        expect_equal(memory_order(grad_weight), memory_order(layer.weight.data),
+                     f"the memory order of grad_weight {what} (the weight's: write into xp.empty_like(weight))")
+        for name, array in zip(("grad_x", "grad_weight", "grad_bias"), grads):
+            expect_equal(np.dtype(array.dtype), np.dtype(np.float32), f"the dtype of {name} {what} for float32 inputs")
 
 
 @check(points=1, hint="ModuleList.append registers the module under the next index name ('0', '1', ...), refuses "
-                      "non-Modules with TypeError, returns self")
+                      "non-Modules with a TypeError naming their type, returns self", after="test_setattr_registers")
 def test_module_list_append(student):
     layers = student.ModuleList()
     first, second = student.Linear(2, 2), student.Linear(2, 1)
-    assert layers.append(first) is layers
+    assert layers.append(first) is layers, "append must return the ModuleList itself"
     layers.append(second)
-    assert list(layers._modules) == ["0", "1"] and layers[1] is second and len(layers) == 2
-    assert [name for name, _ in layers.named_parameters()] == ["0.weight", "0.bias", "1.weight", "1.bias"]
-    with pytest.raises(TypeError):
-        layers.append("not a module")
+    expect_equal(list(layers._modules), ["0", "1"], "the names of two appended modules")
+    assert layers[1] is second, "layers[1] must be the second module appended"
+    expect_equal(len(layers), 2, "len after two appends")
+    expect_equal(_names(layers.named_parameters()), ["0.weight", "0.bias", "1.weight", "1.bias"],
+                 "named_parameters() of the ModuleList")
+    expect_raises(TypeError, lambda: layers.append("not a module"), "ModuleList.append('not a module')",
+                  mentions=("str",))
+    expect_equal(len(layers), 2, "len after a refused append")
 
 
 @check(points=2, hint="compute on the tensors' device: LinearFunction uses self.xp, load_state_dict copies host arrays "
-                      "onto the model's device (backend.from_host), never np")
+                      "onto the model's device (backend.from_host) and tensors of another device through the host "
+                      "(to_host, then from_host), never np", after=("test_load_state_dict", "test_linear_backward"))
 def test_layers_run_on_another_device(student):
     tt.manual_seed(0)
     linear = student.Linear(4, 3)
@@ -152,9 +245,21 @@ def test_layers_run_on_another_device(student):
             out.sum().backward()
         except TypeError as error:
             raise AssertionError(f"on the {device!r} device: {error}") from None
-        assert layer.weight.device == inputs.device, "load_state_dict keeps each tensor on its device"
+        expect_equal(layer.weight.device, inputs.device, "the weight's device after load_state_dict of NumPy arrays")
         results[device] = [out.numpy(), inputs.grad.numpy(), layer.weight.grad.numpy(), layer.bias.grad.numpy()]
     for name, cpu, strict in zip(("output", "input gradient", "weight gradient", "bias gradient"), *results.values()):
-        np.testing.assert_allclose(strict, cpu, rtol=1e-5, err_msg=f"Linear's {name} on the strict device")
+        expect_close(strict, cpu, f"Linear's {name} on the strict device (against the cpu's)", rtol=1e-5)
 
-
+    for source, target in (("cpu", "strict"), ("strict", "cpu")):  # a state of tensors from the other device
+        saved = student.Linear(4, 3).to(source)
+        layer = student.Linear(4, 3).to(target)
+        array = layer.weight.data
+        try:
+            layer.load_state_dict(saved.state_dict())
+        except TypeError as error:
+            raise AssertionError(f"loading a {source!r} state into a {target!r} model: {error}") from None
+        assert layer.weight.data is array, f"loading a {source!r} state into a {target!r} model must copy in place"
+        expect_equal(layer.weight.device, "strict:0" if target == "strict" else "cpu",
+                     f"the weight's device after loading a {source!r} state into a {target!r} model")
+        expect_equal(layer.weight.numpy(), saved.weight.numpy(), f"the weight after loading a {source!r} state")
+        expect_equal(layer.bias.numpy(), saved.bias.numpy(), f"the bias after loading a {source!r} state")

@@ -5,62 +5,88 @@ backward, LayerNorm and BatchNorm (training, running statistics, evaluation).
 (``tinytrain grade 05``). Modules and layers of Module 04 come from the package.
 """
 import numpy as np
-import pytest
 
 import tinytrain as tt
-from tinytrain.course.checks import check
+from tinytrain.course.checks import check, expect_close, expect_equal, expect_raises
 
 RNG = np.random.default_rng(0)
 
 
-@check(points=2, hint="dropout: keep each element with probability 1-p (x's backend's random_uniform >= p), scale kept "
-                      "ones by 1/(1-p); identity when not training or p == 0")
-def test_dropout(student):
+@check(points=2, hint="dropout: keep each element whose draw u from x's backend's random_uniform is >= p, scale kept "
+                      "ones by 1/(1-p), same mask in backward; return x itself when not training or p == 0")
+def test_dropout(student, monkeypatch):
     x = tt.ones(200, 100)
-    assert student.dropout(x, 0.5, training=False) is x or np.array_equal(student.dropout(x, 0.5, False).numpy(), x.numpy())
-    np.testing.assert_array_equal(student.dropout(x, 0.0, True).numpy(), x.numpy())
+    assert student.dropout(x, 0.5, training=False) is x, "dropout(x, 0.5, training=False) must return x itself"
+    assert student.dropout(x, 0.0, training=True) is x, "dropout(x, 0.0) must return x itself"
     out = student.dropout(x, 0.25, training=True).numpy()
     kept = out != 0
-    assert abs(kept.mean() - 0.75) < 0.02, f"kept {kept.mean():.3f} of the values, expected 0.75"
-    np.testing.assert_allclose(out[kept], 1 / 0.75, rtol=1e-6)
+    expect_close(kept.mean(), 0.75, "the share of values dropout(ones, 0.25) keeps", atol=0.02)
+    expect_close(out[kept], np.full(kept.sum(), 1 / 0.75, dtype=np.float32), "the kept values of dropout(ones, 0.25)",
+                 rtol=1e-6)
     w = tt.ones(1000, requires_grad=True)
     dropped = student.dropout(w, 0.5, training=True)
     dropped.sum().backward()
-    np.testing.assert_array_equal(w.grad.numpy(), dropped.numpy(), err_msg="the gradient is the same mask")
+    expect_equal(w.grad.numpy(), dropped.numpy(), "the gradient of dropout(ones, 0.5).sum() (the same mask)")
     tt.manual_seed(3)
     first = student.dropout(x, 0.5).numpy()
     tt.manual_seed(3)
-    assert np.array_equal(first, student.dropout(x, 0.5).numpy()), "the mask comes from the seeded generator"
+    expect_equal(student.dropout(x, 0.5).numpy(), first, "dropout after the same tt.manual_seed (the seeded generator)")
     layer = student.Dropout(0.5)
     layer.eval()
-    np.testing.assert_array_equal(layer(x).numpy(), x.numpy())
+    expect_equal(layer(x).numpy(), x.numpy(), "Dropout(0.5) in evaluation mode")
     half = student.dropout(tt.ones(50, 20, dtype="float16"), 0.5)  # what mixed precision feeds it
-    assert half.dtype == np.float16, f"dropout of float16 must stay float16, got {half.dtype}"
+    expect_equal(half.dtype, np.dtype(np.float16), "the dtype of dropout of a float16 tensor")
+
+    # the rule itself, on known draws: keep where u >= p (u == p is kept)
+    draws = np.array([[0.0, 0.25, 0.2499999], [0.5, 0.75, 0.9999999]], dtype=np.float32)
+    values = tt.tensor(np.arange(1.0, 7.0, dtype=np.float32).reshape(2, 3))
+    monkeypatch.setattr(values._backend, "random_uniform", lambda shape, *args, **kwargs: draws.copy())
+    expected = values.numpy() * (draws >= 0.25) / 0.75
+    expect_close(student.dropout(values, 0.25), expected, f"dropout([[1, 2, 3], [4, 5, 6]], 0.25) with the draws "
+                 f"u = {draws.tolist()}", rtol=1e-6)
 
 
 @check(points=2, hint="Normalize.backward: inv_std * (g - mean(g) - x_hat * mean(g * x_hat)), means over axes")
 def test_normalize_backward(student):
     x = tt.tensor(RNG.standard_normal((4, 3, 2)), dtype="float64", requires_grad=True)
-    assert tt.gradcheck(lambda t: student.normalize(t, (0, 2))[0], [x])
-    assert tt.gradcheck(lambda t: student.normalize(t, (1, 2), eps=1e-3)[0] * t, [x])
+    assert tt.gradcheck(lambda t: student.normalize(t, (0, 2))[0], [x]), "gradcheck of normalize over axes (0, 2)"
+    assert tt.gradcheck(lambda t: student.normalize(t, (1, 2), eps=1e-3)[0] * t, [x]), \
+        "gradcheck of normalize(x, (1, 2), eps=1e-3) * x"
 
 
-@check(points=2, hint="LayerNorm.forward: normalise over the last len(normalized_shape) axes, then * weight + bias; "
-                      "wrong trailing axes raise ValueError")
+def _layer_norm_reference(x, weight, bias, axes, eps):
+    mean = x.mean(axis=axes, keepdims=True)
+    var = x.var(axis=axes, keepdims=True)
+    return (x - mean) / np.sqrt(var + eps) * weight + bias
+
+
+@check(points=2, hint="LayerNorm.forward: normalise over the last len(normalized_shape) axes with self.eps, then "
+                      "* weight + bias; trailing axes other than normalized_shape raise a ValueError naming the shape",
+       after="test_normalize_backward")
 def test_layer_norm(student):
     layer = student.LayerNorm((3, 4))
     layer.weight.data[...] = RNG.standard_normal((3, 4))
     layer.bias.data[...] = RNG.standard_normal((3, 4))
+    weight, bias = layer.weight.numpy(), layer.bias.numpy()
     x = RNG.standard_normal((2, 3, 4)).astype(np.float32) * 5 + 2
-    mean = x.mean(axis=(1, 2), keepdims=True)
-    var = x.var(axis=(1, 2), keepdims=True)
-    expected = (x - mean) / np.sqrt(var + 1e-5) * layer.weight.numpy() + layer.bias.numpy()
-    np.testing.assert_allclose(layer(tt.tensor(x)).numpy(), expected, rtol=1e-4, atol=1e-5)
+    expect_close(layer(tt.tensor(x)), _layer_norm_reference(x, weight, bias, (1, 2), 1e-5),
+                 "LayerNorm((3, 4)) of a (2, 3, 4) input", rtol=1e-4, atol=1e-5)
+    expect_close(layer(tt.tensor(x[0])), _layer_norm_reference(x[0], weight, bias, (0, 1), 1e-5),
+                 "LayerNorm((3, 4)) of one (3, 4) sample", rtol=1e-4, atol=1e-5)
+    wide = student.LayerNorm(4, eps=0.5)
+    small = RNG.standard_normal((3, 4)).astype(np.float32) * 0.5
+    expect_close(wide(tt.tensor(small)), _layer_norm_reference(small, 1.0, 0.0, (1,), 0.5),
+                 "LayerNorm(4, eps=0.5) (eps = 0.5 under the square root)", rtol=1e-4, atol=1e-5)
     layer.to(dtype="float64")
     gx = tt.tensor(RNG.standard_normal((2, 3, 4)), dtype="float64", requires_grad=True)
-    assert tt.gradcheck(lambda t, w, b: layer(t), [gx, layer.weight, layer.bias])
-    with pytest.raises(ValueError):
-        layer(tt.zeros(2, 4, 3))
+    assert tt.gradcheck(lambda t, w, b: layer(t), [gx, layer.weight, layer.bias]), \
+        "gradcheck of LayerNorm((3, 4)) in x, weight and bias"
+    expect_raises(ValueError, lambda: layer(tt.zeros(2, 4, 3, dtype="float64")), "LayerNorm((3, 4)) of a (2, 4, 3) input",
+                  mentions=("(2, 4, 3)",))
+    expect_raises(ValueError, lambda: student.LayerNorm(3)(tt.zeros(2, 1)), "LayerNorm(3) of a (2, 1) input",
+                  mentions=("(2, 1)",))
+    expect_raises(ValueError, lambda: layer(tt.zeros(4, dtype="float64")), "LayerNorm((3, 4)) of a (4,) input",
+                  mentions=("(4,)",))
 
 
 @check(points=1, hint="_update_running_stats: running = (1 - momentum) * running + momentum * batch for the mean and the "
@@ -69,29 +95,63 @@ def test_batch_norm_running_stats(student):
     norm = student.BatchNorm1d(3, momentum=0.2)
     arrays = [buffer.data for buffer in (norm.running_mean, norm.running_var, norm.num_batches_tracked)]
     norm._update_running_stats(np.array([1.0, 2.0, 3.0]), np.array([4.0, 4.0, 4.0]))
-    np.testing.assert_allclose(norm.running_mean.numpy(), [0.2, 0.4, 0.6], rtol=1e-6)
-    np.testing.assert_allclose(norm.running_var.numpy(), [0.8 + 0.8] * 3, rtol=1e-6)
-    assert norm.num_batches_tracked.item() == 1
+    expect_close(norm.running_mean, np.array([0.2, 0.4, 0.6], dtype=np.float32),
+                 "running_mean after one update with momentum 0.2", rtol=1e-6)
+    expect_close(norm.running_var, np.full(3, 0.8 + 0.8, dtype=np.float32),
+                 "running_var after one update with momentum 0.2", rtol=1e-6)
+    expect_equal(norm.num_batches_tracked.item(), 1, "num_batches_tracked after one update")
     for name, array in zip(("running_mean", "running_var", "num_batches_tracked"), arrays):
-        assert getattr(norm, name).data is array, f"{name} must be updated in place (its array replaced)"
+        assert getattr(norm, name).data is array, f"{name} must be updated in place: expected the same array, " \
+                                                  "got a new one"
 
 
 @check(points=2, hint="BatchNorm training mode: normalise with the batch's mean and biased variance over every axis but "
-                      "1, update the running stats with the unbiased variance, then * weight + bias per channel")
+                      "1 (with self.eps), update the running stats with the unbiased variance, then * weight + bias per "
+                      "channel", after=("test_normalize_backward", "test_batch_norm_running_stats"))
 def test_batch_norm_training(student):
     norm = student.BatchNorm1d(3)
     x = RNG.standard_normal((8, 3, 5)).astype(np.float32) * 3 + 1
-    out = norm(tt.tensor(x)).numpy()
+    out = norm(tt.tensor(x))
     mean = x.mean(axis=(0, 2), keepdims=True)
     var = x.var(axis=(0, 2), keepdims=True)
-    np.testing.assert_allclose(out, (x - mean) / np.sqrt(var + 1e-5), rtol=1e-4, atol=1e-4)
-    np.testing.assert_allclose(norm.running_mean.numpy(), 0.1 * mean.ravel(), rtol=1e-4, atol=1e-6)
+    expect_close(out, (x - mean) / np.sqrt(var + 1e-5), "BatchNorm1d(3) of an (8, 3, 5) input", rtol=1e-4, atol=1e-4)
+    expect_close(norm.running_mean, 0.1 * mean.ravel(), "running_mean after one (8, 3, 5) batch", rtol=1e-4, atol=1e-6)
     unbiased = x.var(axis=(0, 2), ddof=1)
-    np.testing.assert_allclose(norm.running_var.numpy(), 0.9 + 0.1 * unbiased, rtol=1e-4)
-    assert norm.num_batches_tracked.item() == 1
+    expect_close(norm.running_var, 0.9 + 0.1 * unbiased, "running_var after one (8, 3, 5) batch", rtol=1e-4)
+    expect_equal(norm.num_batches_tracked.item(), 1, "num_batches_tracked after one batch")
+
+    affine = student.BatchNorm1d(3, eps=0.5)
+    affine.weight.data[...] = [2.0, -1.0, 0.5]
+    affine.bias.data[...] = [0.1, -0.2, 0.3]
+    pair = RNG.standard_normal((2, 3)).astype(np.float32)  # two samples: the smallest batch training takes
+    expected = ((pair - pair.mean(axis=0)) / np.sqrt(pair.var(axis=0) + 0.5) * np.array([2.0, -1.0, 0.5])
+                + np.array([0.1, -0.2, 0.3]))
+    expect_close(affine(tt.tensor(pair)), expected, "BatchNorm1d(3, eps=0.5) with weight [2, -1, 0.5] and bias "
+                 "[0.1, -0.2, 0.3] of a (2, 3) batch", rtol=1e-4, atol=1e-5)
+    expect_close(affine.running_var, 0.9 + 0.1 * pair.var(axis=0, ddof=1), "running_var after a (2, 3) batch",
+                 rtol=1e-4)
+    short = RNG.standard_normal((1, 3, 2)).astype(np.float32)  # one sample, two positions: two values per channel
+    expect_close(affine(tt.tensor(short)), (short - short.mean(axis=(0, 2), keepdims=True))
+                 / np.sqrt(short.var(axis=(0, 2), keepdims=True) + 0.5) * np.array([2.0, -1.0, 0.5])[:, None]
+                 + np.array([0.1, -0.2, 0.3])[:, None], "BatchNorm1d(3, eps=0.5) of a (1, 3, 2) batch",
+                 rtol=1e-4, atol=1e-5)
+
     norm.to(dtype="float64")
     gx = tt.tensor(RNG.standard_normal((6, 3)), dtype="float64", requires_grad=True)
-    assert tt.gradcheck(lambda t, w, b: norm(t), [gx, norm.weight, norm.bias])
+    assert tt.gradcheck(lambda t, w, b: norm(t), [gx, norm.weight, norm.bias]), \
+        "gradcheck of BatchNorm1d(3) in training mode in x, weight and bias"
+
+
+@check(points=1, hint="BatchNorm training mode needs at least two values per channel: a (1, C) batch raises ValueError "
+                      "naming the layer and the shape, before the running statistics change")
+def test_batch_norm_training_needs_two_values(student):
+    norm = student.BatchNorm1d(3)
+    expect_raises(ValueError, lambda: norm(tt.ones(1, 3)), "BatchNorm1d(3) in training mode of a (1, 3) batch",
+                  mentions=("BatchNorm1d", "(1, 3)"))
+    expect_equal(norm.num_batches_tracked.item(), 0, "num_batches_tracked after a batch that raised")
+    expect_equal(norm.running_var.numpy(), np.ones(3, dtype=np.float32), "running_var after a batch that raised")
+    norm.eval()
+    expect_equal(norm(tt.ones(1, 3)).shape, (1, 3), "the shape of BatchNorm1d(3) in evaluation mode of a (1, 3) input")
 
 
 @check(points=1, hint="BatchNorm evaluation mode: (x - running_mean) / sqrt(running_var + eps) * weight + bias, "
@@ -105,12 +165,14 @@ def test_batch_norm_eval(student):
     norm.eval()
     x = np.array([[3.0, 0.0], [1.0, -1.0]], dtype=np.float32)
     expected = (x - [1.0, -1.0]) / np.sqrt(np.array([4.0, 0.25]) + 1e-5) * [2.0, 1.0] + [0.5, 0.0]
-    np.testing.assert_allclose(norm(tt.tensor(x)).numpy(), expected, rtol=1e-5)
-    assert norm.running_mean.numpy().tolist() == [1.0, -1.0] and norm.num_batches_tracked.item() == 0
+    expect_close(norm(tt.tensor(x)), expected.astype(np.float32), "BatchNorm1d(2) in evaluation mode", rtol=1e-5)
+    expect_equal(norm.running_mean.numpy(), np.array([1.0, -1.0], dtype=np.float32), "running_mean after evaluation")
+    expect_equal(norm.num_batches_tracked.item(), 0, "num_batches_tracked after evaluation")
 
 
 @check(points=1, hint="compute on the input's device: dropout draws from x._backend, the normalisation uses self.xp "
-                      "and the tensors' own arrays, never np")
+                      "and the tensors' own arrays, never np",
+       after=("test_dropout", "test_layer_norm", "test_batch_norm_training", "test_batch_norm_eval"))
 def test_normalization_runs_on_another_device(student):
     x = RNG.standard_normal((6, 4)).astype(np.float32)
     results = {}
@@ -125,7 +187,8 @@ def test_normalization_runs_on_another_device(student):
             evaluated = norm(inputs)
         except TypeError as error:
             raise AssertionError(f"on the {device!r} device: {error}") from None
-        assert out.device == inputs.device and norm.running_mean.device == inputs.device
+        expect_equal(out.device, inputs.device, "the output's device")
+        expect_equal(norm.running_mean.device, inputs.device, "running_mean's device")
         results[device] = [out.numpy(), inputs.grad.numpy(), norm.running_var.numpy(), evaluated.numpy()]
     for name, cpu, strict in zip(("output", "input gradient", "running variance", "evaluation"), *results.values()):
-        np.testing.assert_allclose(strict, cpu, rtol=1e-5, atol=1e-6, err_msg=f"{name} on the strict device")
+        expect_close(strict, cpu, f"the {name} on the strict device (against the cpu's)", rtol=1e-5, atol=1e-6)

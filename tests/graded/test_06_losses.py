@@ -6,10 +6,9 @@ tinytrain (tensors, autograd, softmax) comes from the package. Expected values
 are computed independently, in float64 NumPy.
 """
 import numpy as np
-import pytest
 
 import tinytrain as tt
-from tinytrain.course.checks import check
+from tinytrain.course.checks import check, expect_close, expect_equal, expect_raises
 
 
 # -- NumPy references (float64) -----------------------------------------------------------
@@ -54,12 +53,14 @@ def test_mse_loss_values_and_gradient(student):
         pred = leaf(p)
         loss = student.mse_loss(pred, tt.tensor(t), reduction=reduction)
         expected = reduce((p.astype(np.float64) - t) ** 2, reduction)
-        assert np.allclose(loss.numpy(), expected, rtol=1e-5, atol=1e-6), (reduction, loss.numpy(), expected)
+        expect_close(loss, expected, f"mse_loss of a (4, 3) batch, reduction={reduction!r}", rtol=1e-5, atol=1e-6)
         loss.sum().backward()
         scale = 2 / p.size if reduction == "mean" else 2
-        assert np.allclose(pred.grad.numpy(), scale * (p - t), rtol=1e-5, atol=1e-6), reduction
-    assert student.mse_loss(tt.tensor([1.0, 2.0]), [1.0, 2.0]).item() == 0.0
-    assert student.mse_loss(tt.tensor([2.5, 0.0, 2.0]), np.array([3.0, -0.5, 2.0])).dtype == np.float32
+        expect_close(pred.grad, scale * (p - t), f"the gradient of mse_loss, reduction={reduction!r}",
+                     rtol=1e-5, atol=1e-6)
+    expect_equal(student.mse_loss(tt.tensor([1.0, 2.0]), [1.0, 2.0]).item(), 0.0, "mse_loss of equal values")
+    expect_equal(student.mse_loss(tt.tensor([2.5, 0.0, 2.0]), np.array([3.0, -0.5, 2.0])).dtype, np.dtype(np.float32),
+                 "the dtype of mse_loss of a float32 prediction against a float64 array")
 
 
 # -- cross-entropy ----------------------------------------------------------------------
@@ -71,10 +72,11 @@ def test_cross_entropy_values(student):
     expected = -np_log_softmax(z.astype(np.float64))[np.arange(len(y)), y]
     for reduction in ("mean", "sum", "none"):
         loss = student.cross_entropy(tt.tensor(z), tt.tensor(y), reduction=reduction)
-        assert loss.shape == (() if reduction != "none" else (len(y),)), (reduction, loss.shape)
-        assert np.allclose(loss.numpy(), reduce(expected, reduction), rtol=1e-5, atol=1e-6), reduction
+        expect_close(loss, reduce(expected, reduction), f"cross_entropy of (5, 4) logits, reduction={reduction!r}",
+                     rtol=1e-5, atol=1e-6)
     module = student.CrossEntropyLoss()
-    assert np.isclose(module(tt.tensor(z), tt.tensor(y)).item(), expected.mean(), rtol=1e-5)
+    expect_close(module(tt.tensor(z), tt.tensor(y)).item(), expected.mean(), "CrossEntropyLoss()(logits, labels)",
+                 rtol=1e-5)
 
 
 @check(points=2, hint="CrossEntropy.backward: the gradient is (softmax(logits) - one_hot(target)) times each "
@@ -86,13 +88,15 @@ def test_cross_entropy_gradient(student):
     for reduction, scale in (("mean", 1 / len(y)), ("sum", 1.0)):
         logits = leaf(z)
         student.cross_entropy(logits, tt.tensor(y), reduction=reduction).backward()
-        assert np.allclose(logits.grad.numpy(), (p - onehot) * scale, atol=1e-6), reduction
+        expect_close(logits.grad, (p - onehot) * scale, f"the gradient of cross_entropy, reduction={reduction!r}",
+                     atol=1e-6)
     upstream = np.arange(1.0, 7.0, dtype=np.float32)  # a different weight per sample
     logits = leaf(z)
     student.cross_entropy(logits, tt.tensor(y), reduction="none").backward(tt.tensor(upstream))
-    assert np.allclose(logits.grad.numpy(), (p - onehot) * upstream[:, None], atol=1e-5)
+    expect_close(logits.grad, (p - onehot) * upstream[:, None],
+                 "the gradient of cross_entropy(reduction='none') with upstream [1, 2, ..., 6]", atol=1e-5)
     assert tt.gradcheck(lambda x: student.cross_entropy(x, tt.tensor(y), reduction="mean"),
-                        [leaf(z, dtype="float64")])
+                        [leaf(z, dtype="float64")]), "gradcheck of cross_entropy in float64"
 
 
 @check(points=2, hint="subtract each row's maximum before exp (log-sum-exp): exp(1000) overflows to inf, and "
@@ -104,25 +108,38 @@ def test_cross_entropy_stable_for_large_logits(student):
     with np.errstate(all="ignore"):  # a naive version gives inf or nan: the values below catch it
         losses = student.cross_entropy(logits, tt.tensor(y), reduction="none")
         losses.sum().backward()
-    assert np.allclose(losses.numpy(), [0.0, 1000.0, 120.0 + np.log(2)], rtol=1e-6), losses.numpy()
-    grad = logits.grad.numpy()
-    assert np.isfinite(grad).all(), grad
-    assert np.allclose(grad, np_softmax(z.astype(np.float64)) - np.eye(3)[y], atol=1e-6), grad
+    expect_close(losses, np.array([0.0, 1000.0, 120.0 + np.log(2)]), "cross_entropy of logits +-1000 and -120",
+                 rtol=1e-6)
+    expect_close(logits.grad, np_softmax(z.astype(np.float64)) - np.eye(3)[y],
+                 "the gradient of cross_entropy of logits +-1000 and -120", atol=1e-6)
 
 
-@check(points=1, hint="probability targets q of shape (N, C): the loss is -sum_c q_c log softmax(z)_c per sample "
-                      "and its gradient p * sum(q) - q; tell the two kinds of target apart by target.ndim")
+@check(points=1, hint="probability targets q of shape (N, C): the loss is log-sum-exp * sum(q) - sum_c q_c (z_c - m) "
+                      "per sample (q's rows need not sum to 1) and its gradient (p * sum(q) - q) * g; tell the two kinds "
+                      "of target apart by target.ndim")
 def test_cross_entropy_probability_targets(student):
     z, _ = logits_and_labels(seed=3, n=4, classes=3)
     q = np.array([[1.0, 0.0, 0.0], [0.2, 0.5, 0.3], [0.0, 0.0, 1.0], [0.5, 0.5, 0.0]], dtype=np.float32)
     logits = leaf(z)
     loss = student.cross_entropy(logits, tt.tensor(q))
     logp = np_log_softmax(z.astype(np.float64))
-    assert np.isclose(loss.item(), -(q * logp).sum(axis=1).mean(), rtol=1e-5), loss.item()
+    expect_close(loss.item(), -(q * logp).sum(axis=1).mean(), "cross_entropy with probability targets", rtol=1e-5)
     loss.backward()
-    assert np.allclose(logits.grad.numpy(), (np.exp(logp) - q) / 4, atol=1e-6)
+    expect_close(logits.grad, (np.exp(logp) - q) / 4, "the gradient of cross_entropy with probability targets",
+                 atol=1e-6)
     assert tt.gradcheck(lambda x: student.cross_entropy(x, tt.tensor(q, dtype="float64"), reduction="sum"),
-                        [leaf(z, dtype="float64")])
+                        [leaf(z, dtype="float64")]), "gradcheck of cross_entropy with probability targets"
+    # rows that do not sum to 1 (weighted or partial targets): the sum of q multiplies the log-sum-exp term
+    unnormalised = np.array([[0.5, 0.0, 0.0], [0.4, 1.0, 0.6], [0.0, 0.0, 2.0], [0.1, 0.1, 0.0]], dtype=np.float32)
+    logits = leaf(z)
+    losses = student.cross_entropy(logits, tt.tensor(unnormalised), reduction="none")
+    expect_close(losses, -(unnormalised * logp).sum(axis=1),
+                 "cross_entropy(reduction='none') with target rows summing to 0.5, 2, 2 and 0.2", rtol=1e-5, atol=1e-6)
+    upstream = np.array([1.0, -2.0, 0.5, 3.0], dtype=np.float32)
+    losses.backward(tt.tensor(upstream))
+    expected = (np.exp(logp) * unnormalised.sum(axis=1, keepdims=True) - unnormalised) * upstream[:, None]
+    expect_close(logits.grad, expected, "the gradient of cross_entropy(reduction='none') with target rows summing to "
+                 "0.5, 2, 2 and 0.2 and upstream [1, -2, 0.5, 3]", atol=1e-5)
 
 
 @check(points=1, hint="class indices of any integer dtype must work (index with them as they are); a float "
@@ -132,11 +149,11 @@ def test_cross_entropy_targets_integer_dtypes_and_float_labels_refused(student):
     expected = -np_log_softmax(z.astype(np.float64))[np.arange(4), y].mean()
     for dtype in (np.int64, np.int32, np.uint8):
         loss = student.cross_entropy(tt.tensor(z), tt.tensor(y.astype(dtype)))
-        assert np.isclose(loss.item(), expected, rtol=1e-5), dtype
-    with pytest.raises(TypeError, match="integer"):
-        student.cross_entropy(tt.tensor(z), tt.tensor(y.astype(np.float32)))
-    with pytest.raises(ValueError):
-        student.cross_entropy(tt.tensor(z), tt.tensor([0, 1, 2, 4]))
+        expect_close(loss.item(), expected, f"cross_entropy with {np.dtype(dtype)} class indices", rtol=1e-5)
+    expect_raises(TypeError, lambda: student.cross_entropy(tt.tensor(z), tt.tensor(y.astype(np.float32))),
+                  "cross_entropy with a float32 target of shape (4,)", mentions=("integer",))
+    expect_raises(ValueError, lambda: student.cross_entropy(tt.tensor(z), tt.tensor([0, 1, 2, 4])),
+                  "cross_entropy with class index 4 for 4 classes", mentions=("4",))
 
 
 # -- binary cross-entropy -----------------------------------------------------------------
@@ -152,20 +169,69 @@ def test_binary_cross_entropy_on_probabilities(student):
     for reduction in ("mean", "sum", "none"):
         probs = leaf(p)
         loss = student.binary_cross_entropy(probs, tt.tensor(t), reduction=reduction)
-        assert np.allclose(loss.numpy(), reduce(expected, reduction), rtol=1e-5), reduction
+        expect_close(loss, reduce(expected, reduction), f"binary_cross_entropy, reduction={reduction!r}", rtol=1e-5)
         loss.sum().backward()
         scale = 1 / p.size if reduction == "mean" else 1
-        assert np.allclose(probs.grad.numpy(), (p64 - t) / (p64 * (1 - p64)) * scale, rtol=1e-4), reduction
+        expect_close(probs.grad, (p64 - t) / (p64 * (1 - p64)) * scale,
+                     f"the gradient of binary_cross_entropy, reduction={reduction!r}", rtol=1e-4)
     with np.errstate(all="ignore"):  # an unclamped log(0) gives inf: the values below catch it
         edges = leaf(np.array([0.0, 1.0, 0.0, 1.0], dtype=np.float32))
         clamped = student.binary_cross_entropy(edges, [1.0, 0.0, 0.0, 1.0], reduction="none")
         clamped.sum().backward()
-    assert np.allclose(clamped.numpy(), [100.0, 100.0, 0.0, 0.0]), clamped.numpy()
-    assert np.isfinite(edges.grad.numpy()).all(), edges.grad.numpy()
-    assert np.isclose(student.BCELoss(reduction="sum")(tt.tensor(p), t).item(), expected.sum(), rtol=1e-5)
+    expect_close(clamped, np.array([100.0, 100.0, 0.0, 0.0]),
+                 "binary_cross_entropy of p = [0, 1, 0, 1] against t = [1, 0, 0, 1] (logs clamped at -100)")
+    assert np.isfinite(edges.grad.numpy()).all(), \
+        f"the gradient of binary_cross_entropy at p = 0 and 1: expected finite values, got {edges.grad.numpy()}"
+    expect_close(student.BCELoss(reduction="sum")(tt.tensor(p), t).item(), expected.sum(), "BCELoss(reduction='sum')",
+                 rtol=1e-5)
 
 
-@check(points=1, hint="compute on the logits' device: self.xp in forward and backward (xp.arange, xp.exp), never np; "
+def np_bce_with_logits(x, t):
+    """The per-element loss, in float64: -(t log sigmoid(x) + (1 - t) log(1 - sigmoid(x)))."""
+    return np.logaddexp(0.0, -x) + (1 - t) * x
+
+
+@check(points=2, hint="binary_cross_entropy_with_logits: max(x, 0) - x t + log1p(exp(-|x|)), then reduce; backward "
+                      "(sigmoid(x) - t) * g with the stable sigmoid where(x >= 0, 1, e) / (1 + e), e = exp(-|x|), and "
+                      "g = grad / N for 'mean'")
+def test_binary_cross_entropy_with_logits(student):
+    x = np.array([[-3.0, -0.5, 0.0], [0.25, 2.0, 7.5]], dtype=np.float32)
+    t = np.array([[0.0, 1.0, 0.3], [1.0, 0.0, 0.7]], dtype=np.float32)
+    x64 = x.astype(np.float64)
+    expected = np_bce_with_logits(x64, t)
+    slope = 1 / (1 + np.exp(-x64)) - t
+    for reduction in ("mean", "sum", "none"):
+        logits = leaf(x)
+        loss = student.binary_cross_entropy_with_logits(logits, tt.tensor(t), reduction=reduction)
+        expect_close(loss, reduce(expected, reduction),
+                     f"binary_cross_entropy_with_logits of x = {x.tolist()}, reduction={reduction!r}", rtol=1e-5)
+        loss.sum().backward()
+        scale = 1 / x.size if reduction == "mean" else 1
+        expect_close(logits.grad, slope * scale,
+                     f"the gradient of binary_cross_entropy_with_logits, reduction={reduction!r}", rtol=1e-5, atol=1e-7)
+    logits = leaf(x)
+    upstream = np.array([[1.0, -2.0, 0.5], [3.0, 0.25, -1.0]], dtype=np.float32)
+    student.binary_cross_entropy_with_logits(logits, tt.tensor(t), reduction="none").backward(tt.tensor(upstream))
+    expect_close(logits.grad, slope * upstream,
+                 "the gradient of binary_cross_entropy_with_logits(reduction='none') with a different upstream per "
+                 "element", rtol=1e-5, atol=1e-7)
+    extreme = leaf(np.array([-1000.0, 1000.0, -1000.0, 1000.0], dtype=np.float32))
+    with np.errstate(all="ignore"):  # exp(1000) overflows in a naive version: the values below catch it
+        losses = student.binary_cross_entropy_with_logits(extreme, [1.0, 0.0, 0.0, 1.0], reduction="none")
+        losses.sum().backward()
+    expect_close(losses, np.array([1000.0, 1000.0, 0.0, 0.0], dtype=np.float32),
+                 "binary_cross_entropy_with_logits of x = [-1000, 1000, -1000, 1000], t = [1, 0, 0, 1]")
+    expect_close(extreme.grad, np.array([-1.0, 1.0, 0.0, 0.0], dtype=np.float32),
+                 "its gradient (sigmoid(x) - t)")
+    assert tt.gradcheck(lambda v: student.binary_cross_entropy_with_logits(v, tt.tensor(t, dtype="float64")),
+                        [leaf(x, dtype="float64")]), "gradcheck of binary_cross_entropy_with_logits in float64"
+    expect_close(student.BCEWithLogitsLoss(reduction="sum")(tt.tensor(x), t).item(), expected.sum(),
+                 "BCEWithLogitsLoss(reduction='sum')", rtol=1e-5)
+
+
+@check(points=1, after=("test_cross_entropy_gradient", "test_binary_cross_entropy_on_probabilities",
+                        "test_binary_cross_entropy_with_logits", "test_mse_loss_values_and_gradient"),
+       hint="compute on the logits' device: self.xp in forward and backward (xp.arange, xp.exp), never np; "
                       "a loss on a GPU must not come back through the host")
 def test_losses_run_on_another_device(student):
     z, y = logits_and_labels(seed=6)
@@ -184,5 +250,8 @@ def test_losses_run_on_another_device(student):
         except TypeError as error:
             raise AssertionError(f"the losses on the {device!r} device: {error}") from None
         results[device] = [loss.numpy() for loss in losses] + [logits.grad.numpy(), probs.grad.numpy(), x.grad.numpy()]
-    for cpu, strict in zip(*results.values()):
-        np.testing.assert_allclose(strict, cpu, rtol=1e-5, atol=1e-7, err_msg="the same loss on the strict device")
+    names = ("cross_entropy", "cross_entropy with probabilities", "binary_cross_entropy",
+             "binary_cross_entropy_with_logits", "mse_loss", "the logits' gradient", "the probabilities' gradient",
+             "the gradient of the BCE logits")
+    for name, cpu, strict in zip(names, *results.values()):
+        expect_close(strict, cpu, f"{name} on the strict device (against the cpu's)", rtol=1e-5, atol=1e-7)

@@ -7,7 +7,7 @@ the ``student`` fixture; tensors come from the package.
 import numpy as np
 
 import tinytrain as tt
-from tinytrain.course.checks import check
+from tinytrain.course.checks import check, expect_close, expect_equal
 
 START = np.array([1.0, -2.0, 0.5, 3.0], dtype=np.float32)
 GRADS = np.array(
@@ -24,8 +24,10 @@ def run(optimizer_class, grads=GRADS, start=START, **settings):
     for g in grads:
         param.grad = tt.tensor(g)
         optimizer.step()
-        assert param.data is array, "update the parameter's array in place (param -= ...), never rebind it"
-        assert np.array_equal(param.grad.numpy(), g), "never change the gradient: it belongs to the parameter"
+        assert param.data is array, f"{optimizer_class.__name__}({settings}).step(): expected the parameter's array " \
+                                    "updated in place (param -= ...), got a new array in param.data"
+        expect_equal(param.grad.numpy(), g, f"{optimizer_class.__name__}({settings}): param.grad after step() "
+                                            "(the gradient belongs to the parameter: never change it)")
         values.append(param.numpy().copy())
     return np.array(values), param, optimizer
 
@@ -64,8 +66,8 @@ def numpy_adam(lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, decoupled=Fal
 @check(points=1, hint="plain SGD: param -= lr * grad, in place on the parameter's array")
 def test_sgd_plain(student):
     values, param, optimizer = run(student.SGD, lr=0.1)
-    assert np.allclose(values, numpy_sgd(0.1), atol=1e-6), values
-    assert param.dtype == np.float32
+    expect_close(values, numpy_sgd(0.1), "SGD(lr=0.1): the parameter after each step", rtol=1e-5, atol=1e-6)
+    expect_equal(param.dtype, np.dtype("float32"), "SGD(lr=0.1): the parameter's dtype")
 
 
 @check(points=2, hint="momentum: buf = momentum * buf + g (a plain sum, the first step gives buf = g, kept in "
@@ -73,23 +75,28 @@ def test_sgd_plain(student):
                       "buf) with Nesterov")
 def test_sgd_momentum_and_nesterov(student):
     values, _, optimizer = run(student.SGD, lr=0.1, momentum=0.9)
-    assert np.allclose(values, numpy_sgd(0.1, momentum=0.9), atol=1e-5), values
+    expect_close(values, numpy_sgd(0.1, momentum=0.9), "SGD(lr=0.1, momentum=0.9): the parameter after each step",
+                 atol=1e-5)
     expected_buffer = GRADS[0].astype(np.float64)
     for g in GRADS[1:]:
         expected_buffer = 0.9 * expected_buffer + g
     buffer = optimizer.state[0]["momentum_buffer"]
-    assert np.allclose(buffer, expected_buffer, atol=1e-5), buffer
+    expect_close(buffer, expected_buffer, "SGD(lr=0.1, momentum=0.9): state['momentum_buffer'] after 4 steps",
+                 atol=1e-5)
     values, _, _ = run(student.SGD, lr=0.05, momentum=0.8, nesterov=True)
-    assert np.allclose(values, numpy_sgd(0.05, momentum=0.8, nesterov=True), atol=1e-5), values
+    expect_close(values, numpy_sgd(0.05, momentum=0.8, nesterov=True),
+                 "SGD(lr=0.05, momentum=0.8, nesterov=True): the parameter after each step", atol=1e-5)
 
 
 @check(points=1, hint="weight decay adds weight_decay * param to the gradient (in a new array: the parameter's "
                       ".grad must not change) before momentum")
 def test_sgd_weight_decay(student):
     values, _, _ = run(student.SGD, lr=0.1, weight_decay=0.1)
-    assert np.allclose(values, numpy_sgd(0.1, weight_decay=0.1), atol=1e-5), values
+    expect_close(values, numpy_sgd(0.1, weight_decay=0.1), "SGD(lr=0.1, weight_decay=0.1): the parameter after "
+                 "each step", atol=1e-5)
     values, _, _ = run(student.SGD, lr=0.1, momentum=0.9, weight_decay=0.01)
-    assert np.allclose(values, numpy_sgd(0.1, momentum=0.9, weight_decay=0.01), atol=1e-5), values
+    expect_close(values, numpy_sgd(0.1, momentum=0.9, weight_decay=0.01),
+                 "SGD(lr=0.1, momentum=0.9, weight_decay=0.01): the parameter after each step", atol=1e-5)
 
 
 # -- Adam and AdamW --------------------------------------------------------------------------
@@ -98,16 +105,20 @@ def test_sgd_weight_decay(student):
                       "param -= lr * m_hat / (sqrt(v_hat) + eps) with m_hat = m / (1 - b1^t), v_hat = v / (1 - b2^t)")
 def test_adam_steps(student):
     values, param, optimizer = run(student.Adam, lr=0.01)
-    assert np.allclose(values, numpy_adam(0.01), atol=1e-6), values - numpy_adam(0.01)
+    expect_close(values, numpy_adam(0.01), "Adam(lr=0.01): the parameter after each step", atol=1e-6)
     values, _, _ = run(student.Adam, lr=0.05, betas=(0.8, 0.9), eps=1e-3)
-    assert np.allclose(values, numpy_adam(0.05, betas=(0.8, 0.9), eps=1e-3), atol=1e-6)
+    expect_close(values, numpy_adam(0.05, betas=(0.8, 0.9), eps=1e-3),
+                 "Adam(lr=0.05, betas=(0.8, 0.9), eps=1e-3): the parameter after each step", atol=1e-6)
     state = optimizer.state[0]
-    assert state["step"] == len(GRADS), state["step"]
+    expect_equal(state["step"], len(GRADS), f"Adam(lr=0.01): state['step'] after {len(GRADS)} steps")
     m, v = np.zeros(4), np.zeros(4)
     for g in GRADS.astype(np.float64):
         m, v = 0.9 * m + 0.1 * g, 0.999 * v + 0.001 * g * g
-    assert np.allclose(state["exp_avg"], m, rtol=1e-5, atol=1e-9) and np.allclose(state["exp_avg_sq"], v, rtol=1e-4)
-    assert param.dtype == np.float32 and state["exp_avg"].dtype == np.float32, "keep float32: lr etc. are floats"
+    expect_close(state["exp_avg"], m, "Adam(lr=0.01): state['exp_avg'] (m) after 4 steps", rtol=1e-5, atol=1e-9,
+                 dtype="float32")
+    expect_close(state["exp_avg_sq"], v, "Adam(lr=0.01): state['exp_avg_sq'] (v) after 4 steps", rtol=1e-4,
+                 dtype="float32")
+    expect_equal(param.dtype, np.dtype("float32"), "Adam(lr=0.01): the parameter's dtype (lr etc. are Python floats)")
 
 
 @check(points=1, hint="bias correction: divide m by (1 - b1^t) and v by (1 - b2^t) with t the step number "
@@ -115,31 +126,37 @@ def test_adam_steps(student):
 def test_adam_bias_correction(student):
     grads = np.array([[1e-4, -10.0, 1e3, -0.5]], dtype=np.float32)
     values, _, _ = run(student.Adam, grads=grads, lr=0.01)
-    assert np.allclose(values[0], START - 0.01 * np.sign(grads[0]), atol=1e-6), values[0]
+    expect_close(values[0], START - 0.01 * np.sign(grads[0]),
+                 f"Adam(lr=0.01): the first step from {START.tolist()} with gradient {grads[0].tolist()}", atol=1e-6)
     grads = np.tile(np.array([[2.0, -2.0, 1e-2, 5.0]], dtype=np.float32), (3, 1))  # a constant gradient
     values, _, _ = run(student.Adam, grads=grads, lr=0.1)
-    assert np.allclose(np.diff(np.vstack([START, values]), axis=0), -0.1 * np.sign(grads), atol=1e-5), values
+    expect_close(np.diff(np.vstack([START, values]), axis=0), -0.1 * np.sign(grads),
+                 f"Adam(lr=0.1): the change of each of 3 steps with the constant gradient {grads[0].tolist()}",
+                 atol=1e-5)
 
 
 @check(points=1, hint="Adam's L2 weight decay is already added to the gradient by update(); adam_update must use "
                       "the gradient it is given")
 def test_adam_with_l2_weight_decay(student):
     values, _, _ = run(student.Adam, lr=0.01, weight_decay=0.1)
-    assert np.allclose(values, numpy_adam(0.01, weight_decay=0.1), atol=1e-6), values
+    expect_close(values, numpy_adam(0.01, weight_decay=0.1), "Adam(lr=0.01, weight_decay=0.1): the parameter after "
+                 "each step", atol=1e-6)
 
 
 @check(points=2, hint="AdamW: first shrink the parameter in place, param *= 1 - lr * weight_decay, then call "
                       "adam_update with the gradient alone (the decay must not go through m and v)")
 def test_adamw_decoupled_weight_decay(student):
     values, _, optimizer = run(student.AdamW, lr=0.01, weight_decay=0.5)
-    assert np.allclose(values, numpy_adam(0.01, weight_decay=0.5, decoupled=True), atol=1e-6), values
-    assert not np.allclose(values, numpy_adam(0.01, weight_decay=0.5), atol=1e-4), "that is Adam with L2, not AdamW"
-    assert optimizer.state[0]["step"] == len(GRADS)
+    expect_close(values, numpy_adam(0.01, weight_decay=0.5, decoupled=True),
+                 "AdamW(lr=0.01, weight_decay=0.5): the parameter after each step", atol=1e-6)
+    expect_equal(optimizer.state[0]["step"], len(GRADS), f"AdamW: state['step'] after {len(GRADS)} steps")
     zeros = np.zeros((2, 4), dtype=np.float32)  # no gradient: only the decay acts
     values, _, _ = run(student.AdamW, grads=zeros, lr=0.1, weight_decay=0.5)
-    assert np.allclose(values, [START * 0.95, START * 0.95**2], atol=1e-6), values
+    expect_close(values, [START * 0.95, START * 0.95**2],
+                 "AdamW(lr=0.1, weight_decay=0.5) with zero gradients: the parameter after each step", atol=1e-6)
     values, _, _ = run(student.AdamW, lr=0.01, weight_decay=0.0)
-    assert np.allclose(values, numpy_adam(0.01), atol=1e-6)
+    expect_close(values, numpy_adam(0.01), "AdamW(lr=0.01, weight_decay=0.0): the parameter after each step "
+                 "(plain Adam)", atol=1e-6)
 
 
 # -- state and devices -----------------------------------------------------------------------
@@ -172,11 +189,11 @@ def test_optimizers_run_on_another_device(student):
                 try:
                     optimizer.step()
                 except TypeError as error:
-                    raise AssertionError(f"{optimizer_class.__name__} on the {device!r} device: {error}") from None
+                    raise AssertionError(f"{optimizer_class.__name__}({settings}).step() on the {device!r} device: "
+                                         f"expected it to compute with xp, got TypeError: {error}") from None
             values[device] = param.numpy()
-        np.testing.assert_allclose(values["strict"], values["cpu"], rtol=1e-6,
-                                   err_msg=f"{optimizer_class.__name__} on the strict device")
-
+        expect_close(values["strict"], values["cpu"], f"{optimizer_class.__name__}({settings}) on the strict device "
+                     "(compared with the cpu)", rtol=1e-6)
 
 
 @check(points=2, hint="keep all per-parameter state (step, momentum buffers, moments) in the `state` dict that "
@@ -194,6 +211,9 @@ def test_state_dict_round_trip_continues_exactly(student):
         for g in GRADS[2:]:
             resumed.grad = tt.tensor(g)
             second.step()
-        assert np.array_equal(resumed.numpy(), straight[-1]), f"{optimizer_class.__name__}: resumed run differs"
+        expect_equal(resumed.numpy(), straight[-1], f"{optimizer_class.__name__}({settings}): the parameter after 2 "
+                     "steps, state_dict/load_state_dict into a new optimizer and 2 more steps (as 4 steps straight)")
+        resumed_state = second.state_dict()["state"][0]
         for key, value in optimizer.state_dict()["state"][0].items():
-            assert np.array_equal(second.state_dict()["state"][0][key], value), key
+            expect_equal(resumed_state.get(key), value, f"{optimizer_class.__name__}({settings}): state[{key!r}] "
+                         "of the resumed run (as 4 steps straight)")

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import tinytrain as tt
-from tinytrain.course.checks import check
+from tinytrain.course.checks import check, expect_equal, expect_raises
 
 N = 10
 X = np.arange(2.0 * N).reshape(N, 2)  # float64 features: batches must be float32
@@ -37,32 +37,56 @@ class OneAtATime:
 
 # -- TensorDataset ------------------------------------------------------------------------
 
+def _expect_rows(got, expected, what):
+    """A sample or batch: a tuple with one host array (or NumPy value) per dataset array."""
+    assert isinstance(got, tuple) and len(got) == len(expected), \
+        f"{what}: expected a tuple of {len(expected)} arrays, got {got!r}"
+    for field, (value, want) in enumerate(zip(got, expected)):
+        assert not isinstance(value, tt.Tensor), f"{what}, field {field}: expected a host NumPy array, got a Tensor"
+        expect_equal(np.asarray(value), np.asarray(want), f"{what}, field {field}")
+
+
 @check(points=2, hint="TensorDataset keeps the arrays (tensors copied to host NumPy arrays); dataset[i] is the "
-                      "tuple (a[i], b[i], ...) for an int, an index array or a slice")
+                      "tuple (a[i], b[i], ...) for an int, an index array (a NumPy array or an integer tensor, on any "
+                      "device) or a slice")
 def test_tensor_dataset_indexing(student):
     ds = student.TensorDataset(X, Y)
-    assert len(ds) == N
-    x3, y3 = ds[3]
-    assert np.array_equal(x3, [6.0, 7.0]) and y3 == 0
-    xb, yb = ds[np.array([9, 0, 4])]
-    assert np.array_equal(xb, X[[9, 0, 4]]) and np.array_equal(yb, Y[[9, 0, 4]])
-    xs, ys = ds[2:5]
-    assert np.array_equal(xs, X[2:5]) and np.array_equal(ys, Y[2:5])
+    expect_equal(len(ds), N, "len(TensorDataset(X, Y))")
+    _expect_rows(ds[3], (X[3], Y[3]), "TensorDataset(X, Y)[3]")
+    _expect_rows(ds[np.array([9, 0, 4])], (X[[9, 0, 4]], Y[[9, 0, 4]]), "TensorDataset(X, Y)[np.array([9, 0, 4])]")
+    _expect_rows(ds[2:5], (X[2:5], Y[2:5]), "TensorDataset(X, Y)[2:5]")
+    for device in ("cpu", "strict"):
+        index = tt.tensor([7, 1, 1], device=device)
+        try:
+            got = ds[index]
+        except Exception as error:  # noqa: BLE001 - the message says what went wrong
+            raise AssertionError(f"TensorDataset(X, Y)[tt.tensor([7, 1, 1], device={device!r})]: expected the rows "
+                                 f"7, 1, 1, got {type(error).__name__}: {error}") from None
+        _expect_rows(got, (X[[7, 1, 1]], Y[[7, 1, 1]]), f"TensorDataset(X, Y)[tt.tensor([7, 1, 1], device={device!r})]")
     (single,) = student.TensorDataset(tt.tensor([[1.0], [2.0], [3.0]]))[np.array([2, 0])]
-    assert isinstance(single, np.ndarray) and single.tolist() == [[3.0], [1.0]], "tensors become host arrays"
-    three = student.TensorDataset(X, Y, Y * 2)
-    assert len(three[5]) == 3 and three[5][2] == 2 * Y[5]
+    assert isinstance(single, np.ndarray), f"TensorDataset(tensor)[...]: expected a host NumPy array, got " \
+                                           f"{type(single).__name__}"
+    expect_equal(single, np.array([[3.0], [1.0]], dtype=np.float32), "TensorDataset(tensor [[1], [2], [3]])[[2, 0]]")
+    (strict,) = student.TensorDataset(tt.tensor([[1.0], [2.0]], device="strict"))[np.array([1])]
+    assert isinstance(strict, np.ndarray), f"TensorDataset(strict tensor)[...]: expected a host NumPy array, got " \
+                                           f"{type(strict).__name__}"
+    _expect_rows(student.TensorDataset(X, Y, Y * 2)[5], (X[5], Y[5], 2 * Y[5]), "TensorDataset(X, Y, 2 * Y)[5]")
 
 
-@check(points=1, hint="TensorDataset must raise ValueError naming the lengths when the arrays' first dimensions "
-                      "differ (and when it gets no array at all)")
+@check(points=1, hint="TensorDataset raises ValueError naming the lengths when the arrays' first dimensions differ, "
+                      "naming the position of an array that has no first dimension, and saying so when it gets no "
+                      "array at all")
 def test_tensor_dataset_refuses_mismatched_lengths(student):
-    assert len(student.TensorDataset(X[:4], Y[:4])) == 4
-    with pytest.raises(ValueError) as error:
-        student.TensorDataset(X, Y[:7])
-    assert "10" in str(error.value) and "7" in str(error.value), error.value
-    with pytest.raises(ValueError):
-        student.TensorDataset()
+    expect_equal(len(student.TensorDataset(X[:4], Y[:4])), 4, "len(TensorDataset(X[:4], Y[:4]))")
+    expect_raises(ValueError, lambda: student.TensorDataset(X, Y[:7]), "TensorDataset(X, Y[:7]) (10 and 7 rows)",
+                  mentions=("10", "7"))
+    expect_raises(ValueError, lambda: student.TensorDataset(X, Y, Y, np.float64(2.5)),
+                  "TensorDataset(X, Y, Y, 2.5) (array 3 has no first dimension)", mentions=("3",))
+    expect_raises(ValueError, lambda: student.TensorDataset(X, 7), "TensorDataset(X, 7) (array 1 has no first "
+                  "dimension)", mentions=("1",))
+    error = expect_raises(ValueError, lambda: student.TensorDataset(), "TensorDataset() (no array)")
+    assert str(error).strip(), "TensorDataset() (no array): expected a ValueError that says what is wrong, got an " \
+                               "empty message"
 
 
 # -- batch_indices and collate ---------------------------------------------------------------
@@ -78,19 +102,32 @@ def test_batch_indices(student):
                 batches = student.batch_indices(order, batch_size, drop_last=drop_last)
                 stop = n - n % batch_size if drop_last else n
                 expected = [order[i:i + batch_size].tolist() for i in range(0, stop, batch_size)]
-                assert [list(b) for b in batches] == expected, (n, batch_size, drop_last)
+                expect_equal([list(b) for b in batches], expected,
+                             f"batch_indices({order.tolist()}, {batch_size}, drop_last={drop_last})")
 
 
 @check(points=1, hint="collate: for tuple (or list) samples, stack field k of every sample into one array "
-                      "(np.stack adds the batch axis in front); other samples are stacked directly")
+                      "(np.stack adds the batch axis in front); other samples are stacked directly; a single "
+                      "sample is a batch of one")
 def test_collate(student):
     xs, ys = student.collate([(np.zeros((1, 2)), 3), (np.ones((1, 2)), 5), (np.full((1, 2), 2.0), 7)])
-    assert xs.shape == (3, 1, 2) and np.array_equal(xs[2], [[2.0, 2.0]]) and ys.tolist() == [3, 5, 7]
+    expect_equal(xs, np.array([[[0.0, 0.0]], [[1.0, 1.0]], [[2.0, 2.0]]]), "collate of 3 (x, y) samples: the xs")
+    expect_equal(ys, np.array([3, 5, 7]), "collate of 3 (x, y) samples: the ys")
     a, b = student.collate([[np.arange(3), 1.5], [np.arange(3) + 1, 2.5]])
-    assert a.tolist() == [[0, 1, 2], [1, 2, 3]] and b.tolist() == [1.5, 2.5]
+    expect_equal(a, np.array([[0, 1, 2], [1, 2, 3]]), "collate of 2 [x, y] list samples: the xs")
+    expect_equal(b, np.array([1.5, 2.5]), "collate of 2 [x, y] list samples: the ys")
     stacked = student.collate([np.arange(4), np.arange(4) * 2])
-    assert isinstance(stacked, np.ndarray) and stacked.shape == (2, 4)
-    assert student.collate([tt.tensor([1.0, 2.0]), tt.tensor([3.0, 4.0])]).tolist() == [[1.0, 2.0], [3.0, 4.0]]
+    assert isinstance(stacked, np.ndarray), f"collate of 2 arrays: expected one NumPy array, got " \
+                                            f"{type(stacked).__name__}"
+    expect_equal(stacked, np.array([np.arange(4), np.arange(4) * 2]), "collate of 2 arrays")
+    expect_equal(student.collate([tt.tensor([1.0, 2.0]), tt.tensor([3.0, 4.0])]),
+                 np.array([[1.0, 2.0], [3.0, 4.0]], dtype=np.float32), "collate of 2 tensors")
+    one = student.collate([(np.array([4.0, 5.0]), 9)])
+    assert isinstance(one, tuple) and len(one) == 2, f"collate of one (x, y) sample: expected a tuple of 2 arrays, " \
+                                                     f"got {one!r}"
+    expect_equal(one[0], np.array([[4.0, 5.0]]), "collate of one (x, y) sample: the xs")
+    expect_equal(one[1], np.array([9]), "collate of one (x, y) sample: the ys")
+    expect_equal(student.collate([np.arange(3)]), np.array([[0, 1, 2]]), "collate of one array")
 
 
 # -- DataLoader -------------------------------------------------------------------------------
@@ -100,28 +137,45 @@ def test_collate(student):
 def test_loader_batches(student):
     ds = student.TensorDataset(X, Y)
     for batch_size, drop_last, count in ((4, False, 3), (4, True, 2), (5, False, 2), (5, True, 2), (11, False, 1),
-                                         (11, True, 0), (1, False, 10)):
-        assert len(student.DataLoader(ds, batch_size=batch_size, drop_last=drop_last)) == count, (batch_size, drop_last)
+                                         (11, True, 0), (1, False, 10), (3, False, 4), (3, True, 3)):
+        expect_equal(len(student.DataLoader(ds, batch_size=batch_size, drop_last=drop_last)), count,
+                     f"len(DataLoader(10 samples, batch_size={batch_size}, drop_last={drop_last}))")
     loader = student.DataLoader(ds, batch_size=4)
     batches = list(loader)
-    assert [(xb.shape, yb.shape) for xb, yb in batches] == [((4, 2), (4,)), ((4, 2), (4,)), ((2, 2), (2,))]
+    expect_equal([(xb.shape, yb.shape) for xb, yb in batches], [((4, 2), (4,)), ((4, 2), (4,)), ((2, 2), (2,))],
+                 "DataLoader(10 samples, batch_size=4): the (x, y) shapes of the batches")
     xb, yb = batches[0]
-    assert isinstance(xb, tt.Tensor) and xb.dtype == np.float32 and yb.dtype == np.int64
-    assert np.array_equal(np.concatenate([xb.numpy() for xb, _ in batches]), X), "without shuffle: dataset order"
-    assert labels(student.DataLoader(ds, batch_size=4, drop_last=True)) == [Y[:4].tolist(), Y[4:8].tolist()]
+    assert isinstance(xb, tt.Tensor) and isinstance(yb, tt.Tensor), \
+        f"a batch: expected a tuple of Tensors, got ({type(xb).__name__}, {type(yb).__name__})"
+    expect_equal((xb.dtype, yb.dtype), (np.dtype("float32"), np.dtype("int64")),
+                 "the (features, labels) dtypes of a batch of float64 features and integer labels")
+    expect_equal(np.concatenate([xb.numpy() for xb, _ in batches]), X.astype(np.float32),
+                 "the features of one epoch without shuffle (the dataset's order)")
+    expect_equal(labels(student.DataLoader(ds, batch_size=4, drop_last=True)), [Y[:4].tolist(), Y[4:8].tolist()],
+                 "the label batches of DataLoader(10 samples, batch_size=4, drop_last=True)")
     xb, yb = next(iter(student.DataLoader(ds, batch_size=3, device="strict")))
-    assert xb.device == "strict:0" and yb.device == "strict:0"
+    expect_equal((xb.device, yb.device), ("strict:0", "strict:0"), "a batch of DataLoader(..., device='strict'): "
+                 "the devices of (x, y)")
 
 
 @check(points=1, hint="a dataset without __getitems__ is read one sample at a time (dataset[int(i)]) and "
                       "collated; a batch of single arrays is one tensor, not a tuple")
 def test_loader_reads_sample_by_sample(student):
-    pairs = student.DataLoader(OneAtATime(X, Y), batch_size=4)
-    batches = list(pairs)
-    assert len(batches) == 3 and all(isinstance(b, tuple) and len(b) == 2 for b in batches)
-    assert np.array_equal(batches[1][0].numpy(), X[4:8]) and batches[1][1].dtype == np.int64
+    batches = list(student.DataLoader(OneAtATime(X, Y), batch_size=4))
+    expect_equal([type(b).__name__ for b in batches], ["tuple"] * 3,
+                 "DataLoader(dataset of (x, y) samples without __getitems__, batch_size=4): the batch types")
+    expect_equal([len(b) for b in batches], [2, 2, 2], "the number of fields in each (x, y) batch")
+    expect_equal(batches[1][0].numpy(), X[4:8].astype(np.float32), "the features of the second batch")
+    expect_equal(batches[1][1].dtype, np.dtype("int64"), "the labels' dtype of the second batch")
     singles = list(student.DataLoader(OneAtATime(X), batch_size=6))
-    assert isinstance(singles[0], tt.Tensor) and singles[0].shape == (6, 2) and singles[1].shape == (4, 2)
+    assert all(isinstance(b, tt.Tensor) for b in singles), \
+        f"DataLoader(dataset of single arrays): expected each batch to be one Tensor, got " \
+        f"{[type(b).__name__ for b in singles]}"
+    expect_equal([b.shape for b in singles], [(6, 2), (4, 2)], "DataLoader(10 single arrays, batch_size=6): shapes")
+    last = list(student.DataLoader(OneAtATime(X, Y), batch_size=3))[-1]  # a batch of one sample
+    expect_equal(last[0].numpy(), X[9:].astype(np.float32), "the last batch of DataLoader(10 (x, y) samples, "
+                 "batch_size=3): one sample's features")
+    expect_equal(last[1].numpy(), Y[9:], "the last batch of DataLoader(10 (x, y) samples, batch_size=3): its label")
 
 
 @check(points=2, hint="with shuffle, every epoch draws a new permutation from the loader's own generator "
@@ -130,18 +184,22 @@ def test_loader_shuffles_each_epoch_reproducibly(student):
     ds = student.TensorDataset(np.arange(40.0)[:, None], np.arange(40))
     loader = student.DataLoader(ds, batch_size=8, shuffle=True, seed=7)
     epochs = [np.concatenate([yb.numpy() for _, yb in loader]) for _ in range(3)]
-    for order in epochs:
-        assert sorted(order.tolist()) == list(range(40)), "each epoch visits every sample exactly once"
-    assert not np.array_equal(epochs[0], np.arange(40)), "shuffle=True must shuffle"
+    for number, order in enumerate(epochs):
+        expect_equal(sorted(order.tolist()), list(range(40)),
+                     f"the sorted labels of shuffled epoch {number} (every sample exactly once)")
+    assert not np.array_equal(epochs[0], np.arange(40)), \
+        "DataLoader(shuffle=True): expected a shuffled order, got 0, 1, ..., 39"
     assert not np.array_equal(epochs[0], epochs[1]) and not np.array_equal(epochs[1], epochs[2]), \
-        "each epoch needs a new order"
+        f"DataLoader(shuffle=True): expected a new order each epoch, got {epochs[0].tolist()} more than once"
     again = student.DataLoader(ds, batch_size=8, shuffle=True, seed=7)
     np.random.permutation(40)  # other users of the global generators must not change the loader's order
     tt.randn(3)
-    assert all(np.array_equal(np.concatenate([yb.numpy() for _, yb in again]), order) for order in epochs), \
-        "the same seed must give the same epochs"
+    for number, order in enumerate(epochs):
+        expect_equal(np.concatenate([yb.numpy() for _, yb in again]), order,
+                     f"epoch {number} of a second loader with seed=7 (the same seed gives the same epochs)")
     other = student.DataLoader(ds, batch_size=8, shuffle=True, seed=8)
-    assert not np.array_equal(np.concatenate([yb.numpy() for _, yb in other]), epochs[0])
+    assert not np.array_equal(np.concatenate([yb.numpy() for _, yb in other]), epochs[0]), \
+        "seed=8: expected another order than seed=7, got the same"
 
 
 @check(points=1, hint="drop_last with shuffle: cut the epoch's permutation into full batches only; the samples "
@@ -152,11 +210,13 @@ def test_loader_drop_last_with_shuffle(student):
     left_out = set()
     for _ in range(8):
         batches = labels(loader)
-        assert len(batches) == 2 and all(len(b) == 4 for b in batches), batches
+        expect_equal([len(b) for b in batches], [4, 4], "the batch sizes of an epoch of 10 samples, batch_size=4, "
+                     "shuffle=True, drop_last=True")
         served = sum(batches, [])
-        assert len(set(served)) == 8
+        expect_equal(len(set(served)), 8, f"different samples served in an epoch ({served})")
         left_out |= set(range(10)) - set(served)
-    assert len(left_out) > 2, "the dropped samples should change with the shuffle"
+    assert len(left_out) > 2, f"drop_last with shuffle over 8 epochs: expected the dropped samples to change, got " \
+                              f"only {sorted(left_out)} ever dropped"
 
 
 @check(points=2, hint="a resumed loader redraws the interrupted epoch's order from the saved generator state: "
@@ -166,12 +226,12 @@ def test_loader_resumes_mid_epoch(student):
     straight = student.DataLoader(ds, batch_size=4, shuffle=True, seed=3)
     expected = [labels(straight) for _ in range(3)]
     first = student.DataLoader(ds, batch_size=4, shuffle=True, seed=3)
-    assert labels(first) == expected[0]
+    expect_equal(labels(first), expected[0], "epoch 0 of a second loader with seed=3")
     iterator = iter(first)
     served = [next(iterator)[1].numpy().tolist() for _ in range(3)]
-    assert served == expected[1][:3]
+    expect_equal(served, expected[1][:3], "the first 3 batches of epoch 1 of a second loader with seed=3")
     state = first.state_dict()
     resumed = student.DataLoader(ds, batch_size=4, shuffle=True, seed=99)  # another seed: the state decides
     resumed.load_state_dict(state)
-    assert labels(resumed) == expected[1][3:], "the rest of the interrupted epoch"
-    assert labels(resumed) == expected[2], "then the next epoch, as in the uninterrupted run"
+    expect_equal(labels(resumed), expected[1][3:], "after load_state_dict: the rest of the interrupted epoch")
+    expect_equal(labels(resumed), expected[2], "after load_state_dict: the next epoch, as in the uninterrupted run")

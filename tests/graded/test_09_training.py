@@ -5,17 +5,18 @@ fixture; models, losses, optimizers and data loaders come from the package
 (modules 04-08). The checks pin down what simple textbook versions get wrong:
 accumulation weighting (also for a short last window), the rate of each epoch
 set at its start, per-sample loss means with a short last batch, eval mode
-reaching nested layers, non-finite steps kept away from the weights.
+reaching nested layers, non-finite steps kept away from the weights. The
+Trainer's given extension points (``_batch_loss``, ``_take_step``, mixed
+precision, plugins) are not graded here; only the methods the student writes.
 """
 import math
 
 import numpy as np
-import pytest
 
 import tinytrain as tt
 from tinytrain import nn, optim
 from tinytrain.data import DataLoader, TensorDataset
-from tinytrain.course.checks import check
+from tinytrain.course.checks import check, expect_close, expect_equal, expect_raises
 
 RNG = np.random.default_rng(0)
 X = RNG.standard_normal((256, 6)).astype(np.float32)
@@ -32,8 +33,9 @@ def weights(model):
     return [p.numpy().copy() for p in model.parameters()]
 
 
-def same_weights(a, b, atol=1e-6):
-    return all(np.allclose(x, y, atol=atol, rtol=0) for x, y in zip(a, b))
+def expect_same_weights(got, expected, what, atol=1e-6):
+    for index, (a, b) in enumerate(zip(got, expected)):
+        expect_close(a, b, f"{what} (parameter {index})", rtol=0, atol=atol)
 
 
 def np_cross_entropy(logits, labels):
@@ -41,6 +43,10 @@ def np_cross_entropy(logits, labels):
     z = logits.astype(np.float64)
     z = z - z.max(axis=1, keepdims=True)
     return np.log(np.exp(z).sum(axis=1)) - z[np.arange(len(labels)), labels]
+
+
+def grad_norm(arrays):
+    return math.sqrt(sum(float((np.asarray(a, np.float64) ** 2).sum()) for a in arrays))
 
 
 class RecordedLoss:
@@ -64,20 +70,23 @@ class RecordedLoss:
 def test_cosine_schedule(student):
     schedule = student.CosineSchedule(max_lr=0.1, min_lr=0.01, total_epochs=4)
     expected = [0.01 + 0.09 * (1 + math.cos(math.pi * e / 4)) / 2 for e in range(5)] + [0.01] * 3
-    got = [schedule.get_lr(e) for e in range(8)]
-    assert np.allclose(got, expected, rtol=1e-12), got
-    assert schedule.get_lr(0) == pytest.approx(0.1) and schedule.get_lr(1000) == pytest.approx(0.01)
+    expect_close([schedule.get_lr(e) for e in range(8)], expected,
+                 "CosineSchedule(0.1, 0.01, total_epochs=4).get_lr(e) for e = 0..7", rtol=1e-12, atol=0)
+    expect_close(schedule.get_lr(1000), 0.01, "get_lr(1000), long after total_epochs", rtol=1e-12, atol=0)
     one = student.CosineSchedule(max_lr=1.0, min_lr=0.0, total_epochs=1)
-    assert [one.get_lr(e) for e in range(3)] == pytest.approx([1.0, 0.0, 0.0])
+    expect_close([one.get_lr(e) for e in range(3)], [1.0, 0.0, 0.0],
+                 "CosineSchedule(1.0, 0.0, total_epochs=1).get_lr(e) for e = 0, 1, 2", atol=1e-12)
 
 
 @check(points=1, hint="warmup: epoch e < W trains at max_lr * (e + 1) / (W + 1); from epoch W the cosine runs "
-                      "over the remaining T - W epochs, with e - W in place of e")
+                      "over the remaining T - W epochs, with e - W in place of e",
+       after="test_cosine_schedule")
 def test_cosine_schedule_warmup(student):
     schedule = student.CosineSchedule(max_lr=1.0, min_lr=0.1, total_epochs=10, warmup_epochs=3)
-    got = [schedule.get_lr(e) for e in range(12)]
     expected = [0.25, 0.5, 0.75] + [0.1 + 0.9 * (1 + math.cos(math.pi * (e - 3) / 7)) / 2 for e in range(3, 10)]
-    assert np.allclose(got, expected + [0.1, 0.1], rtol=1e-12), got
+    expect_close([schedule.get_lr(e) for e in range(12)], expected + [0.1, 0.1],
+                 "CosineSchedule(1.0, 0.1, total_epochs=10, warmup_epochs=3).get_lr(e) for e = 0..11",
+                 rtol=1e-12, atol=0)
 
 
 @check(points=1, hint="CosineWarmRestarts: find the cycle that contains the epoch (cycle i lasts "
@@ -90,49 +99,81 @@ def test_cosine_warm_restarts(student):
     for e in range(30):
         cycle = max(i for i, s in enumerate(starts) if s <= e)
         expected.append((1 + math.cos(math.pi * (e - starts[cycle]) / lengths[cycle])) / 2)
-    assert np.allclose([sgdr.get_lr(e) for e in range(30)], expected), [sgdr.get_lr(e) for e in range(30)]
+    expect_close([sgdr.get_lr(e) for e in range(30)], expected,
+                 "CosineWarmRestarts(1.0, 0.0, first_cycle=2, cycle_mult=2).get_lr(e) for e = 0..29", atol=1e-9)
     fixed = student.CosineWarmRestarts(max_lr=0.5, min_lr=0.1, first_cycle=3)
-    assert np.allclose([fixed.get_lr(e) for e in (0, 1, 3, 4, 7, 9)],
-                       [0.5, 0.1 + 0.4 * 0.75, 0.5, 0.1 + 0.4 * 0.75, 0.1 + 0.4 * 0.75, 0.5])
+    expect_close([fixed.get_lr(e) for e in (0, 1, 3, 4, 7, 9)],
+                 [0.5, 0.1 + 0.4 * 0.75, 0.5, 0.1 + 0.4 * 0.75, 0.1 + 0.4 * 0.75, 0.5],
+                 "CosineWarmRestarts(0.5, 0.1, first_cycle=3).get_lr(e) for e = 0, 1, 3, 4, 7, 9", atol=1e-9)
 
 
 # -- clipping -----------------------------------------------------------------------------
 
 @check(points=2, hint="clip_grad_norm: one global L2 norm over every gradient (skip parameters whose grad is "
-                      "None); if it exceeds max_norm, scale all gradients in place by max_norm / (norm + 1e-6); "
-                      "return the norm before clipping")
+                      "None); only if it exceeds max_norm (strictly), scale all gradients in place by "
+                      "max_norm / (norm + 1e-6); return the norm before clipping")
 def test_clip_grad_norm(student):
     weights_ = tt.zeros(3, requires_grad=True)
     weights_.grad = tt.tensor([100.0, 200.0, 50.0])
     no_grad = tt.zeros(2, requires_grad=True)  # no gradient: skipped
     norm = student.clip_grad_norm([weights_, no_grad], max_norm=1.0)
-    assert norm == pytest.approx(math.sqrt(52500), rel=1e-6), norm
-    clipped = weights_.grad.numpy()
-    assert np.linalg.norm(clipped) == pytest.approx(1.0, abs=1e-5) and no_grad.grad is None
-    assert np.allclose(clipped, np.array([100.0, 200.0, 50.0]) / math.sqrt(52500), atol=1e-6), "keep the direction"
+    expect_close(norm, math.sqrt(52500), "clip_grad_norm of a gradient (100, 200, 50): the norm before clipping",
+                 rtol=1e-6)
+    expect_close(weights_.grad, np.array([100.0, 200.0, 50.0]) / (math.sqrt(52500) + 1e-6),
+                 "(100, 200, 50) clipped to max_norm=1: the same direction, norm 1", rtol=1e-6)
+    assert no_grad.grad is None, f"a parameter without a gradient must keep grad None, got {no_grad.grad!r}"
+
     a, b = tt.zeros((2, 2), requires_grad=True), tt.zeros(1, requires_grad=True)
     a.grad, b.grad = tt.tensor([[3.0, 0.0], [0.0, 0.0]]), tt.tensor([4.0])
-    assert student.clip_grad_norm([a, b], max_norm=10.0) == pytest.approx(5.0), "the norm over all parameters"
-    assert a.grad.numpy().tolist() == [[3.0, 0.0], [0.0, 0.0]] and b.grad.numpy().tolist() == [4.0], \
-        "below max_norm nothing changes"
-    assert student.clip_grad_norm([a, b], max_norm=1.0) == pytest.approx(5.0)
-    assert np.allclose(a.grad.numpy(), [[0.6, 0.0], [0.0, 0.0]], atol=1e-6) and np.allclose(b.grad.numpy(), [0.8])
+    expect_close(student.clip_grad_norm([a, b], max_norm=10.0), 5.0,
+                 "the norm over all parameters, gradients [[3, 0], [0, 0]] and [4]")
+    expect_equal(a.grad, np.array([[3.0, 0.0], [0.0, 0.0]], np.float32), "below max_norm nothing changes (a.grad)")
+    expect_equal(b.grad, np.array([4.0], np.float32), "below max_norm nothing changes (b.grad)")
+    expect_close(student.clip_grad_norm([a, b], max_norm=5.0), 5.0, "the norm 5 with max_norm=5")
+    expect_equal(a.grad, np.array([[3.0, 0.0], [0.0, 0.0]], np.float32),
+                 "a norm exactly equal to max_norm does not exceed it: nothing changes (a.grad)")
+    expect_equal(b.grad, np.array([4.0], np.float32),
+                 "a norm exactly equal to max_norm does not exceed it: nothing changes (b.grad)")
+    expect_close(student.clip_grad_norm([a, b], max_norm=1.0), 5.0, "the norm before clipping to max_norm=1")
+    expect_close(a.grad, np.array([[3.0, 0.0], [0.0, 0.0]]) / (5.0 + 1e-6),
+                 "[[3, 0], [0, 0]] and [4] clipped to max_norm=1 (a.grad)", rtol=1e-6)
+    expect_close(b.grad, np.array([4.0]) / (5.0 + 1e-6), "[[3, 0], [0, 0]] and [4] clipped to max_norm=1 (b.grad)",
+                 rtol=1e-6)
+
+    # a small norm shows the 1e-6 of max_norm / (norm + 1e-6)
+    c = tt.zeros(2, requires_grad=True)
+    c.grad = tt.tensor([6e-4, 8e-4])
+    values = c.grad.numpy().astype(np.float64)
+    small = float(np.linalg.norm(values))
+    expect_close(student.clip_grad_norm([c], max_norm=1e-4), small, "the norm of (6e-4, 8e-4)", rtol=1e-5)
+    expect_close(c.grad, values * 1e-4 / (small + 1e-6),
+                 "(6e-4, 8e-4) clipped to max_norm=1e-4: each gradient times max_norm / (norm + 1e-6)",
+                 rtol=1e-5, atol=0)
 
 
 @check(points=1, hint="a non-finite global norm (inf or nan) must leave every gradient untouched and be returned "
-                      "(or raise FloatingPointError with error_if_nonfinite=True)")
+                      "(or, with error_if_nonfinite=True, raise FloatingPointError whose message gives the norm)")
 def test_clip_grad_norm_nonfinite(student):
     a, b = tt.zeros(2, requires_grad=True), tt.zeros(1, requires_grad=True)
     a.grad, b.grad = tt.tensor([np.inf, 1.0]), tt.tensor([2.0])
-    assert math.isinf(student.clip_grad_norm([a, b], max_norm=1.0))
-    assert a.grad.numpy()[1] == 1.0 and b.grad.numpy().tolist() == [2.0], "non-finite: leave the gradients alone"
+    norm = student.clip_grad_norm([a, b], max_norm=1.0)
+    assert math.isinf(norm), f"clip_grad_norm of gradients [inf, 1] and [2]: expected the norm inf, got {norm!r}"
+    expect_equal(a.grad, np.array([np.inf, 1.0], np.float32), "a non-finite norm leaves the gradients alone (a.grad)")
+    expect_equal(b.grad, np.array([2.0], np.float32), "a non-finite norm leaves the gradients alone (b.grad)")
     b.grad = tt.tensor([np.nan])
-    assert math.isnan(student.clip_grad_norm([a, b], max_norm=1.0)) and a.grad.numpy()[1] == 1.0
-    with pytest.raises(FloatingPointError):
-        student.clip_grad_norm([a, b], max_norm=1.0, error_if_nonfinite=True)
+    norm = student.clip_grad_norm([a, b], max_norm=1.0)
+    assert math.isnan(norm), f"clip_grad_norm of gradients [inf, 1] and [nan]: expected the norm nan, got {norm!r}"
+    expect_equal(a.grad.numpy()[1], np.float32(1.0), "a nan norm leaves the gradients alone (a.grad[1])")
+    expect_raises(FloatingPointError, lambda: student.clip_grad_norm([a, b], max_norm=1.0, error_if_nonfinite=True),
+                  "clip_grad_norm(error_if_nonfinite=True) of a nan norm", mentions=("nan",))
+    b.grad = tt.tensor([2.0])
+    expect_raises(FloatingPointError, lambda: student.clip_grad_norm([a, b], max_norm=1.0, error_if_nonfinite=True),
+                  "clip_grad_norm(error_if_nonfinite=True) of an inf norm", mentions=("inf",))
+    expect_equal(b.grad, np.array([2.0], np.float32), "error_if_nonfinite=True leaves the gradients alone too")
     c = tt.zeros(2, requires_grad=True)
     c.grad = tt.tensor([3.0, 4.0])
-    assert student.clip_grad_norm([c], max_norm=1.0, error_if_nonfinite=True) == pytest.approx(5.0)
+    expect_close(student.clip_grad_norm([c], max_norm=1.0, error_if_nonfinite=True), 5.0,
+                 "error_if_nonfinite=True with a finite norm: clip as usual and return the norm")
 
 
 # -- the Trainer --------------------------------------------------------------------------------
@@ -152,26 +193,30 @@ def test_accumulation_equals_one_big_batch(student):
     full = TensorDataset(X, Y)  # 256 samples
     big_loss, big, big_trainer, _ = one_epoch(student, full, 128, 1)
     loss, small, trainer, _ = one_epoch(student, full, 32, 4)
-    assert trainer.step == big_trainer.step == 2, (trainer.step, big_trainer.step)
-    assert same_weights(small, big), "32 x 4 accumulated must equal 128 x 1"
-    assert loss == pytest.approx(big_loss, abs=1e-6)
+    expect_equal((trainer.step, big_trainer.step), (2, 2), "optimizer steps of (32 x 4 accumulated, 128 x 1)")
+    expect_same_weights(small, big, "weights after batches of 32 with accumulation_steps=4 vs batches of 128")
+    expect_close(loss, big_loss, "epoch loss of 32 x 4 accumulated vs 128 x 1", rtol=0, atol=1e-6)
     # 100 samples, batches of 32 with k=3: windows of 32+32+32 and of 4 -- the same steps as batches of 96 and 4
     big_loss, big, big_trainer, _ = one_epoch(student, TOY, 96, 1)
     loss, small, trainer, _ = one_epoch(student, TOY, 32, 3)
-    assert trainer.step == big_trainer.step == 2, (trainer.step, big_trainer.step)
-    assert same_weights(small, big), "the short last window (4 samples) must be weighted by its own size, not 1/k"
-    assert loss == pytest.approx(big_loss, abs=1e-6)
+    expect_equal((trainer.step, big_trainer.step), (2, 2), "optimizer steps of (32 x 3 accumulated, 96 x 1)")
+    expect_same_weights(small, big, "100 samples, batches of 32 with k=3 vs batches of 96: the short last window "
+                                    "(4 samples) must be weighted by its own size, not 1/k")
+    expect_close(loss, big_loss, "epoch loss of 32 x 3 accumulated vs 96 x 1", rtol=0, atol=1e-6)
 
 
 @check(points=1, hint="_accumulate: a loss for which self._batch_loss says is_mean=False (reduction='sum' or "
-                      "'none') is already a sum over the batch: weight it by 1 / n_window, not by n_batch / n_window")
+                      "'none') is already a sum over the batch: weight it by 1 / n_window, not by n_batch / n_window",
+       after="test_accumulation_equals_one_big_batch")
 def test_accumulation_with_summed_losses(student):
     _, expected, _, _ = one_epoch(student, TOY, 96, 1)
     mean_loss, _, _, _ = one_epoch(student, TOY, 32, 3)
     for reduction in ("sum", "none"):
         loss, got, trainer, _ = one_epoch(student, TOY, 32, 3, nn.CrossEntropyLoss(reduction=reduction))
-        assert same_weights(got, expected), reduction
-        assert loss == pytest.approx(mean_loss, abs=1e-5), (reduction, loss, mean_loss)
+        expect_same_weights(got, expected, f"weights after an epoch with CrossEntropyLoss(reduction={reduction!r}), "
+                                           "k=3, vs the mean loss on batches of 96")
+        expect_close(loss, mean_loss, f"epoch loss with reduction={reduction!r} vs with reduction='mean'",
+                     rtol=0, atol=1e-5)
 
 
 @check(points=2, hint="_accumulate returns the window's SUMMED per-sample loss: each batch's mean loss times its "
@@ -180,12 +225,14 @@ def test_epoch_loss_is_a_per_sample_mean(student):
     for accumulation_steps in (1, 2):
         loss, _, trainer, recorded = one_epoch(student, TOY, 32, accumulation_steps)
         sizes = [n for _, n in recorded.batches]
-        assert sizes == [32, 32, 32, 4], sizes
+        expect_equal(sizes, [32, 32, 32, 4], "the sizes of the batches the loss saw (100 samples, batches of 32)")
         per_sample = sum(mean * n for mean, n in recorded.batches) / 100
-        assert loss == pytest.approx(per_sample, abs=1e-6), (loss, per_sample)
-        assert abs(per_sample - np.mean([mean for mean, _ in recorded.batches])) > 1e-4
-        assert trainer.epoch == 1 and trainer.history["train_loss"] == [loss]
-        assert trainer.step == 4 // accumulation_steps
+        expect_close(loss, per_sample, f"train_epoch's loss with accumulation_steps={accumulation_steps}: the mean "
+                                       f"per sample (not the mean of the batch means, "
+                                       f"{np.mean([m for m, _ in recorded.batches]):.6f})", rtol=0, atol=1e-6)
+        expect_equal((trainer.epoch, trainer.step), (1, 4 // accumulation_steps),
+                     f"(epoch, step) after one epoch with accumulation_steps={accumulation_steps}")
+        expect_equal(trainer.history["train_loss"], [loss], "history['train_loss']")
 
 
 @check(points=1, hint="_accumulate must get every batch's loss from self._batch_loss(inputs, targets), not by "
@@ -202,7 +249,7 @@ def test_accumulate_gets_every_loss_from_batch_loss(student):
 
     trainer._batch_loss = recorded
     trainer.train_epoch(DataLoader(TOY, batch_size=32), accumulation_steps=2)
-    assert seen == [32, 32, 32, 4], f"expected the 4 batches (32, 32, 32, 4) through _batch_loss, got {seen}"
+    expect_equal(seen, [32, 32, 32, 4], "the sizes of the batches that went through self._batch_loss")
 
 
 class RecordingSGD(optim.SGD):
@@ -218,18 +265,19 @@ class RecordingSGD(optim.SGD):
 
 
 @check(points=2, hint="every step of epoch e must use scheduler.get_lr(e): the rate is set at the START of the "
-                      "epoch (epoch 0 trains at max_lr), recorded in history['learning_rates']")
+                      "epoch (epoch 0 trains at max_lr), recorded in history['learning_rates']",
+       after=("test_cosine_schedule", "test_accumulation_equals_one_big_batch"))
 def test_schedule_applied_at_the_start_of_each_epoch(student):
     model = toy_model()
     schedule = student.CosineSchedule(max_lr=0.4, min_lr=0.1, total_epochs=3)
     optimizer = RecordingSGD(model.parameters(), lr=1.0)
     trainer = student.Trainer(model, optimizer, nn.CrossEntropyLoss(), scheduler=schedule)
     trainer.fit(DataLoader(TOY, batch_size=50, shuffle=True, seed=0), epochs=4, progress=False)
-    expected = [schedule.get_lr(e) for e in range(4)]
-    assert expected[0] == pytest.approx(0.4) and expected[3] == pytest.approx(0.1)
-    assert optimizer.seen == [lr for lr in expected for _ in range(2)], f"the optimizer saw {optimizer.seen}"
-    assert trainer.history["learning_rates"] == pytest.approx(expected)
-    assert trainer.epoch == 4 and trainer.step == 8
+    expected = [0.4, 0.1 + 0.3 * 0.75, 0.1 + 0.3 * 0.25, 0.1]
+    expect_close(optimizer.seen, [lr for lr in expected for _ in range(2)],
+                 "the rate of each of the 8 steps (2 per epoch) of CosineSchedule(0.4, 0.1, total_epochs=3)")
+    expect_close(trainer.history["learning_rates"], expected, "history['learning_rates']")
+    expect_equal((trainer.epoch, trainer.step), (4, 8), "(epoch, step) after fit(epochs=4)")
 
 
 @check(points=2, hint="evaluate: run every batch under no_grad in eval mode (model.eval() reaches nested Dropout), "
@@ -254,26 +302,60 @@ def test_evaluate_modes_and_per_sample_means(student):
     trainer = student.Trainer(model, optim.SGD(model.parameters(), lr=0.1), spy)
     loader = DataLoader(TOY, batch_size=32)  # 32, 32, 32, 4
     model.train()
-    loss, accuracy = trainer.evaluate(loader)
-    assert type(loss) is float and type(accuracy) is float, \
-        f"evaluate returns Python floats (logs write them as JSON), got {type(loss).__name__}, {type(accuracy).__name__}"
-    assert trainer.evaluate(loader) == (loss, accuracy), "a nested Dropout must be off in evaluate"
-    assert all(m.training for m in model.modules()), "evaluate must restore training mode everywhere"
-    assert spy.tracked and not any(spy.tracked), "evaluate must run under no_grad (no graph, less memory)"
+    result = trainer.evaluate(loader)
+    loss, accuracy = result
+    expect_equal((type(loss).__name__, type(accuracy).__name__), ("float", "float"),
+                 "the types evaluate returns (Python floats: logs write them as JSON)")
+    expect_equal(trainer.evaluate(loader), result, "a second evaluate (a nested Dropout must be off in evaluate)")
+    expect_equal([m.training for m in model.modules()], [True] * 5, "every module's mode after evaluate (training)")
+    assert spy.tracked and not any(spy.tracked), \
+        f"evaluate must run under no_grad: expected outputs without a graph, got requires_grad {spy.tracked}"
     model.eval()
     with tt.no_grad():
         outputs = model(tt.tensor(X[:100])).numpy()
     model.train()
-    assert loss == pytest.approx(np_cross_entropy(outputs, Y[:100]).mean(), rel=1e-5), "mean loss per sample"
-    assert accuracy == pytest.approx(np.mean(outputs.argmax(axis=1) == Y[:100])), "accuracy in [0, 1]"
+    expect_close(loss, np_cross_entropy(outputs, Y[:100]).mean(), "evaluate's loss: the mean per sample",
+                 rtol=1e-5)
+    expect_close(accuracy, np.mean(outputs.argmax(axis=1) == Y[:100]), "evaluate's accuracy, in [0, 1]")
     model[1].eval()  # a mixed state is restored as it was, too
     trainer.evaluate(loader)
-    assert [m.training for m in model.modules()] == [True, True, False, False, False]
+    expect_equal([m.training for m in model.modules()], [True, True, False, False, False],
+                 "every module's mode after evaluate of a model in a mixed state")
+
+
+@check(points=1, hint="evaluate: one-sample batches count; outputs that are not (N, C) class scores give accuracy "
+                      "nan (stop counting hits once _correct returns None); a loader without batches raises "
+                      "ValueError saying it yielded no batches",
+       after="test_evaluate_modes_and_per_sample_means")
+def test_evaluate_edge_cases(student):
+    model = toy_model()
+    trainer = student.Trainer(model, optim.SGD(model.parameters(), lr=0.1), nn.CrossEntropyLoss())
+    with tt.no_grad():
+        outputs = model(tt.tensor(X[:1])).numpy()
+    loss, accuracy = trainer.evaluate([(tt.tensor(X[:1]), tt.tensor(Y[:1]))])
+    expect_close(loss, np_cross_entropy(outputs, Y[:1])[0], "evaluate's loss over one batch of one sample",
+                 rtol=1e-5)
+    expect_close(accuracy, float(outputs.argmax(axis=1)[0] == Y[0]), "evaluate's accuracy over one sample")
+    expect_raises(ValueError, lambda: trainer.evaluate([]), "evaluate of a loader that yields no batches",
+                  mentions=("no batches",))
+
+    tt.manual_seed(0)
+    regression = nn.Linear(6, 1)
+    trainer = student.Trainer(regression, optim.SGD(regression.parameters(), lr=0.1), nn.MSELoss())
+    targets = X[:10, :1] * 2.0
+    with tt.no_grad():
+        predicted = regression(tt.tensor(X[:10])).numpy().astype(np.float64)
+    loss, accuracy = trainer.evaluate(DataLoader(TensorDataset(X[:10], targets), batch_size=4))
+    expect_close(loss, ((predicted - targets) ** 2).mean(), "evaluate's loss of a regression (MSELoss, outputs "
+                                                             "(N, 1)), batches of 4, 4, 2", rtol=1e-5)
+    assert math.isnan(accuracy), f"evaluate's accuracy when the outputs are not class scores: expected nan, " \
+                                 f"got {accuracy!r}"
 
 
 @check(points=2, hint="_clip_and_step: if the window's loss is not finite, skip the step (self._skip); when "
                       "clipping, skip it too if clip_grad_norm returns a non-finite norm; otherwise step and count "
-                      "self.step")
+                      "self.step",
+       after="test_accumulation_equals_one_big_batch")
 def test_nonfinite_loss_skips_the_step(student):
     class NanOnce:
         reduction = "mean"
@@ -286,16 +368,21 @@ def test_nonfinite_loss_skips_the_step(student):
             loss = nn.CrossEntropyLoss()(outputs, targets)
             return loss * float("nan") if self.calls == 2 else loss
 
+    def all_finite(model):
+        return all(np.isfinite(p.numpy()).all() for p in model.parameters())
+
     for clip in (None, 1.0):
         model = toy_model()
         trainer = student.Trainer(model, optim.SGD(model.parameters(), lr=0.5), NanOnce(), grad_clip_norm=clip)
         trainer.train_epoch(DataLoader(TOY, batch_size=25))
-        assert trainer.skipped_steps == 1 and trainer.step == 3 and trainer.history["skipped_steps"] == [1], clip
-        assert all(np.isfinite(p.numpy()).all() for p in model.parameters()), "nan must never reach the weights"
+        expect_equal((trainer.skipped_steps, trainer.step, trainer.history["skipped_steps"]), (1, 3, [1]),
+                     f"(skipped_steps, step, history['skipped_steps']) after 4 batches, the 2nd with a nan loss, "
+                     f"grad_clip_norm={clip}")
+        assert all_finite(model), f"grad_clip_norm={clip}: nan reached the weights (expected them finite)"
     model = toy_model()
     strict = student.Trainer(model, optim.SGD(model.parameters(), lr=0.5), NanOnce(), on_nonfinite="raise")
-    with pytest.raises(FloatingPointError):
-        strict.train_epoch(DataLoader(TOY, batch_size=25))
+    expect_raises(FloatingPointError, lambda: strict.train_epoch(DataLoader(TOY, batch_size=25)),
+                  "a nan loss with on_nonfinite='raise'", mentions=("nan",))
 
     class NanGradientOnce(NanOnce):
         """A finite loss whose gradient is nan once: d sqrt(u) / du is inf at u = 0, times 0."""
@@ -309,25 +396,29 @@ def test_nonfinite_loss_skips_the_step(student):
     trainer = student.Trainer(model, optim.SGD(model.parameters(), lr=0.5), NanGradientOnce(), grad_clip_norm=1.0)
     with np.errstate(all="ignore"):
         trainer.train_epoch(DataLoader(TOY, batch_size=25))
-    assert trainer.skipped_steps == 1 and trainer.step == 3, "a non-finite gradient norm must skip the step"
-    assert all(np.isfinite(p.numpy()).all() for p in model.parameters()), "nan must never reach the weights"
+    expect_equal((trainer.skipped_steps, trainer.step), (1, 3),
+                 "(skipped_steps, step) when the 2nd of 4 windows has a finite loss but a nan gradient norm")
+    assert all_finite(model), "a nan gradient reached the weights (expected them finite)"
 
 
 @check(points=1, hint="with grad_clip_norm, clip the accumulated gradient once per step with clip_grad_norm, and "
-                      "append the pre-clip norm it returns to the norms list (history['grad_norm'] is their mean)")
+                      "append the pre-clip norm it returns to the norms list (history['grad_norm'] is their mean)",
+       after=("test_clip_grad_norm", "test_accumulation_equals_one_big_batch"))
 def test_trainer_clips_the_accumulated_gradient(student):
     model = toy_model()
     before = weights(model)
     inputs, targets = tt.tensor(X[:64]), tt.tensor(Y[:64])
     nn.CrossEntropyLoss()(model(inputs), targets).backward()
-    norm = math.sqrt(sum(float((p.grad.numpy().astype(np.float64) ** 2).sum()) for p in model.parameters()))
+    norm = grad_norm(p.grad.numpy() for p in model.parameters())
     model = toy_model()
     trainer = student.Trainer(model, optim.SGD(model.parameters(), lr=1.0), nn.CrossEntropyLoss(),
                               grad_clip_norm=1e-3)
     trainer.train_epoch([(inputs[:32], targets[:32]), (inputs[32:], targets[32:])], accumulation_steps=2)
-    assert trainer.step == 1 and trainer.history["grad_norm"][0] == pytest.approx(norm, rel=1e-4)
-    moved = math.sqrt(sum(((a - b).astype(np.float64) ** 2).sum() for a, b in zip(weights(model), before)))
-    assert moved == pytest.approx(1e-3, rel=1e-3), "the step must have norm lr * max_norm"
+    expect_equal(trainer.step, 1, "optimizer steps for one window of 2 batches")
+    expect_close(trainer.history["grad_norm"], [norm], "history['grad_norm']: the pre-clip norm of the window's "
+                                                       "gradient (of the mean loss over its 64 samples)", rtol=1e-4)
+    moved = grad_norm(a - b for a, b in zip(weights(model), before))
+    expect_close(moved, 1e-3, "the length of the step, lr=1 with grad_clip_norm=1e-3", rtol=1e-3)
 
 
 # -- memory and devices ------------------------------------------------------------------------
@@ -336,22 +427,28 @@ def test_trainer_clips_the_accumulated_gradient(student):
 @check(points=1, hint="memory_report: sum p.data.nbytes over the parameters, p.grad.data.nbytes over the gradients "
                       "that exist, and every array in optimizer.state_dict() (use _array_bytes)")
 def test_memory_report(student):
-    for make, state_factor in ((lambda p: optim.SGD(p, lr=0.1), 0), (lambda p: optim.SGD(p, lr=0.1, momentum=0.9), 1),
-                               (lambda p: optim.Adam(p), 2)):
+    for name, make, state_factor in (("SGD", lambda p: optim.SGD(p, lr=0.1), 0),
+                                     ("SGD with momentum", lambda p: optim.SGD(p, lr=0.1, momentum=0.9), 1),
+                                     ("Adam", lambda p: optim.Adam(p), 2)):
         model = toy_model()
         optimizer = make(model.parameters())
         size = sum(p.size for p in model.parameters()) * 4  # float32
         report = student.memory_report(model, optimizer)
-        assert report["parameters"] == size and report["gradients"] == 0 and report["optimizer_state"] == 0
+        expect_equal({key: report[key] for key in ("parameters", "gradients", "optimizer_state")},
+                     {"parameters": size, "gradients": 0, "optimizer_state": 0},
+                     f"memory_report with {name} before any step (bytes)")
         nn.CrossEntropyLoss()(model(tt.tensor(X[:8])), tt.tensor(Y[:8])).backward()
         optimizer.step()
         report = student.memory_report(model, optimizer)
-        assert report["gradients"] == size and report["optimizer_state"] == state_factor * size, report
-        assert report["ratio"] == pytest.approx(2 + state_factor)
+        expect_equal({key: report[key] for key in ("parameters", "gradients", "optimizer_state")},
+                     {"parameters": size, "gradients": size, "optimizer_state": state_factor * size},
+                     f"memory_report with {name} after one step (bytes)")
+        expect_close(report["ratio"], 2 + state_factor, f"memory_report's ratio with {name} after one step")
 
 
 @check(points=1, hint="compute on the tensors' device: clip_grad_norm with each gradient's backend (one host read per "
-                      "device), the Trainer's methods through tensors and their backends, never np on device arrays")
+                      "device), the Trainer's methods through tensors and their backends, never np on device arrays",
+       after=("test_clip_grad_norm", "test_accumulation_equals_one_big_batch", "test_evaluate_modes_and_per_sample_means"))
 def test_training_runs_on_another_device(student):
     results = {}
     for device in ("cpu", "strict"):
@@ -366,8 +463,11 @@ def test_training_runs_on_another_device(student):
                 p.grad = p * 3.0
             norm = student.clip_grad_norm(model.parameters(), 0.1)
         except TypeError as error:
-            raise AssertionError(f"training on the {device!r} device: {error}") from None
+            raise AssertionError(f"training on the {device!r} device: expected no error, got TypeError: {error}") \
+                from None
         results[device] = (loss, *evaluation, norm, weights(model), [p.grad.numpy() for p in model.parameters()])
-    (loss, *rest), (strict_loss, *strict_rest) = results["cpu"], results["strict"]
-    assert strict_loss == pytest.approx(loss, rel=1e-5) and strict_rest[:3] == pytest.approx(rest[:3], rel=1e-5)
-    assert same_weights(strict_rest[3], rest[3]) and same_weights(strict_rest[4], rest[4])
+    cpu, strict = results["cpu"], results["strict"]
+    expect_close(strict[:4], cpu[:4], "(train loss, eval loss, accuracy, clip_grad_norm) on 'strict' vs on 'cpu'",
+                 rtol=1e-5)
+    expect_same_weights(strict[4], cpu[4], "weights trained on 'strict' vs on 'cpu'")
+    expect_same_weights(strict[5], cpu[5], "gradients clipped on 'strict' vs on 'cpu'")

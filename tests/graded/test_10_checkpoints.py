@@ -7,18 +7,19 @@ The checks pin down what the shortcuts get wrong: a value lost on the way to
 plain data, a half-written file, an unpickler that runs code, a generator left
 out, and a resumed run that is not bit-identical.
 """
+import io
 import os
 import pickle
 import random
+import stat
 import warnings
 from types import SimpleNamespace
 
 import numpy as np
-import pytest
 
 import tinytrain as tt
 from tinytrain import nn, optim
-from tinytrain.course.checks import check
+from tinytrain.course.checks import check, expect_equal, expect_raises
 from tinytrain.data import DataLoader, TensorDataset
 
 RNG = np.random.default_rng(0)
@@ -27,49 +28,102 @@ Y = RNG.integers(0, 3, 256)
 TOY = TensorDataset(X[:100], Y[:100])
 
 
+def files_in(folder):
+    return sorted(p.name for p in folder.iterdir())
+
+
 # -- checkpoint files ---------------------------------------------------------------------------
 
 @check(points=1, hint="to_plain: keep None/bool/int/float/str (exact types), NumPy scalars -> .item(), tensors and "
                       "device arrays -> host NumPy arrays, tuples -> lists, recurse into dicts (str/int keys) and "
                       "lists; anything else raises CheckpointError naming the path, e.g. ['model']['layer']")
-def test_to_plain(student):
-    plain = student.to_plain({"w": tt.ones(2, 2), "step": np.int64(3), "betas": (0.9, 0.999), "ok": True,
-                              "nested": {0: [np.float32(0.5), None, "text"]}, "strict": tt.ones(3, device="strict"),
-                              "array": np.arange(3)})
-    assert isinstance(plain["w"], np.ndarray) and plain["w"].shape == (2, 2)
-    assert plain["step"] == 3 and type(plain["step"]) is int and plain["betas"] == [0.9, 0.999]
-    assert plain["nested"] == {0: [0.5, None, "text"]} and type(plain["nested"][0][0]) is float
-    assert type(plain["strict"]) is np.ndarray and plain["strict"].tolist() == [1.0, 1.0, 1.0], \
-        "device arrays come to the host"
-    assert plain["ok"] is True and np.array_equal(plain["array"], np.arange(3))
+def test_to_plain(student, monkeypatch):
+    state = {"w": tt.ones(2, 2), "step": np.int64(3), "betas": (0.9, 0.999), "ok": True,
+             "nested": {0: [np.float32(0.5), None, "text"]}, "strict": tt.ones(3, device="strict"),
+             "array": np.arange(3), "device_array": tt.tensor([1.0, 2.0], device="strict").data}
+    plain = student.to_plain(state)
+    shapes = {key: (type(plain[key]).__name__, np.shape(plain[key]))
+              for key in ("w", "strict", "array", "device_array")}
+    expect_equal(shapes, {"w": ("ndarray", (2, 2)), "strict": ("ndarray", (3,)), "array": ("ndarray", (3,)),
+                          "device_array": ("ndarray", (2,))},
+                 "to_plain of a tensor, a tensor on 'strict', a NumPy array and a raw 'strict' device array: "
+                 "(type, shape) -- all NumPy arrays on the host")
+    expect_equal(plain["device_array"], np.array([1.0, 2.0], np.float32), "to_plain of a 'strict' device array")
+    expect_equal(plain["strict"], np.ones(3, np.float32), "to_plain of a tensor on 'strict'")
+    expect_equal((plain["step"], type(plain["step"]).__name__), (3, "int"), "to_plain(np.int64(3)): (value, type)")
+    expect_equal(plain["betas"], [0.9, 0.999], "to_plain of the tuple (0.9, 0.999)")
+    expect_equal(plain["nested"], {0: [0.5, None, "text"]}, "to_plain of {0: [np.float32(0.5), None, 'text']}")
+    expect_equal(type(plain["nested"][0][0]).__name__, "float", "the type of to_plain(np.float32(0.5))")
+    expect_equal(plain["ok"], True, "to_plain(True)")
+    expect_equal(plain["array"], np.arange(3), "to_plain(np.arange(3))")
     pickle.loads(pickle.dumps(plain))  # plain data pickles without naming any class of ours
     for bad, where in (({"model": {"layer": object()}}, "['model']['layer']"),
                        ({"a": [1, {2, 3}]}, "['a'][1]"),
                        ({"a": np.array([object()], dtype=object)}, "['a']")):
-        with pytest.raises(student.CheckpointError) as error:
-            student.to_plain(bad)
-        assert where in str(error.value), error.value
+        expect_raises(student.CheckpointError, lambda: student.to_plain(bad), f"to_plain({bad!r})", mentions=(where,))
+    expect_raises(student.CheckpointError, lambda: student.to_plain({"a": {(1, 2): 0.5}}),
+                  "to_plain({'a': {(1, 2): 0.5}}), a dict key that is neither str nor int",
+                  mentions=("['a']", "(1, 2)"))
+    expect_raises(student.CheckpointError, lambda: student.to_plain({"a": {0.5: 1}}),
+                  "to_plain({'a': {0.5: 1}}), a float dict key", mentions=("['a']", "0.5"))
+
+    import tinytrain.backend as registry
+
+    monkeypatch.setattr(registry, "_BACKENDS", {})  # a fresh process that has made no tensor yet
+    fresh = student.to_plain({"numpy": np.arange(4.0), "n": [np.int32(2)]})
+    expect_equal(fresh["numpy"], np.arange(4.0), "to_plain of a NumPy array before any backend is loaded "
+                                                 "(a NumPy array is plain data whatever backends exist)")
+    expect_equal(fresh["n"], [2], "to_plain([np.int32(2)]) before any backend is loaded")
 
 
 @check(points=1, hint="atomic_write: write into the temporary file, flush and os.fsync it, then os.replace it over "
-                      "the target; on any exception (even KeyboardInterrupt) delete the temporary file and re-raise")
-def test_atomic_write(student, tmp_path):
+                      "the target; on any exception (even KeyboardInterrupt) delete the temporary file if it still "
+                      "exists and re-raise that exception")
+def test_atomic_write(student, tmp_path, monkeypatch):
     target = tmp_path / "state.bin"
     student.atomic_write(target, lambda f: f.write(b"old"))
-    assert target.read_bytes() == b"old"
+    expect_equal(target.read_bytes(), b"old", "the file after atomic_write of b'old'")
 
     def crash_halfway(file):
         file.write(b"new, but only ha")
         raise KeyboardInterrupt("the machine went away")
 
-    with pytest.raises(KeyboardInterrupt):
-        student.atomic_write(target, crash_halfway)
-    assert target.read_bytes() == b"old", "an interrupted write must leave the old file"
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["state.bin"], "and no temporary file behind"
-    student.atomic_write(target, lambda f: f.write(b"new"))
-    assert target.read_bytes() == b"new" and sorted(p.name for p in tmp_path.iterdir()) == ["state.bin"]
+    expect_raises(KeyboardInterrupt, lambda: student.atomic_write(target, crash_halfway),
+                  "atomic_write whose write raises KeyboardInterrupt halfway")
+    expect_equal(target.read_bytes(), b"old", "the file after an interrupted write (the old one)")
+    expect_equal(files_in(tmp_path), ["state.bin"], "the folder after an interrupted write (no temporary file)")
+
+    def vanish(file):  # the temporary file is gone before the error: the cleanup must not hide the error
+        file.write(b"new")
+        os.remove(file.name)
+        raise ValueError("the disk went away")
+
+    expect_raises(ValueError, lambda: student.atomic_write(target, vanish),
+                  "atomic_write whose write raises ValueError after its temporary file was removed (the error of "
+                  "write must propagate, not one from deleting the temporary file)", mentions=("disk went away",))
+    expect_equal((target.read_bytes(), files_in(tmp_path)), (b"old", ["state.bin"]),
+                 "(the file, the folder) after that failed write")
+
+    real_fsync = os.fsync
+    synced = []
+
+    def recording_fsync(fd):
+        info = os.fstat(fd)
+        if stat.S_ISREG(info.st_mode):  # the directory's fsync (given code) is not recorded
+            synced.append((info.st_size, target.read_bytes()))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", recording_fsync)
+    student.atomic_write(target, lambda f: f.write(b"brand new"))
+    monkeypatch.setattr(os, "fsync", real_fsync)
+    assert (len(b"brand new"), b"old") in synced, \
+        f"os.fsync during atomic_write of b'brand new': expected an fsync of a file holding its 9 bytes while the " \
+        f"target still held b'old' (flush, then fsync, then os.replace); got (bytes in the file, the target's " \
+        f"contents) at each fsync: {synced}"
+    expect_equal((target.read_bytes(), files_in(tmp_path)), (b"brand new", ["state.bin"]),
+                 "(the file, the folder) after atomic_write of b'brand new'")
     student.atomic_write(tmp_path / "other.bin", lambda f: f.write(b"x"))
-    assert (tmp_path / "other.bin").read_bytes() == b"x"
+    expect_equal((tmp_path / "other.bin").read_bytes(), b"x", "a new file written by atomic_write")
 
 
 class Payload:
@@ -84,39 +138,46 @@ class Payload:
                       "CheckpointError naming module.name for anything else, before anything runs")
 def test_safe_unpickler(student, tmp_path):
     evil = pickle.dumps({"model": Payload(tmp_path)})
-    with pytest.raises(student.CheckpointError) as error:
-        student.SafeUnpickler(__import__("io").BytesIO(evil)).load()
-    assert "mkdir" in str(error.value), error.value
-    assert not (tmp_path / "pwned").exists(), "nothing from the file may run"
+    expect_raises(student.CheckpointError, lambda: student.SafeUnpickler(io.BytesIO(evil)).load(),
+                  "SafeUnpickler of a pickle that calls os.mkdir", mentions=("mkdir",))
+    assert not (tmp_path / "pwned").exists(), "nothing from the file may run: expected no folder 'pwned', it was made"
     (tmp_path / "evil.ckpt").write_bytes(evil)
-    with pytest.raises(student.CheckpointError):
-        student.read_checkpoint(tmp_path / "evil.ckpt")
-    assert not (tmp_path / "pwned").exists()
-    for name in (b"cbuiltins\neval\n", b"cos\nsystem\n"):
-        with pytest.raises(student.CheckpointError):
-            student.SafeUnpickler(__import__("io").BytesIO(b"\x80\x02" + name + b".")).load()
+    expect_raises(student.CheckpointError, lambda: student.read_checkpoint(tmp_path / "evil.ckpt"),
+                  "read_checkpoint of a file that calls os.mkdir")
+    assert not (tmp_path / "pwned").exists(), "read_checkpoint ran code from the file: the folder 'pwned' was made"
+    for name, what in ((b"cbuiltins\neval\n", "eval"), (b"cos\nsystem\n", "system")):
+        expect_raises(student.CheckpointError, lambda: student.SafeUnpickler(io.BytesIO(b"\x80\x02" + name + b".")).load(),
+                      f"SafeUnpickler of a pickle that names {name.decode().split()}", mentions=(what,))
     data = {"w": np.arange(6, dtype=np.float32).reshape(2, 3), "i": np.arange(3), "b": np.array([True, False]),
             "n": [1, 2.5, "x", None, {"k": (1, 2)}]}
     for protocol in (4, 5):
-        loaded = student.SafeUnpickler(__import__("io").BytesIO(pickle.dumps(data, protocol=protocol))).load()
-        assert all(np.array_equal(loaded[k], data[k]) and loaded[k].dtype == data[k].dtype for k in ("w", "i", "b"))
-        assert loaded["n"] == [1, 2.5, "x", None, {"k": (1, 2)}], protocol
+        loaded = student.SafeUnpickler(io.BytesIO(pickle.dumps(data, protocol=protocol))).load()
+        for key in ("w", "i", "b"):
+            expect_equal(loaded[key], data[key], f"array {key!r} through SafeUnpickler (protocol {protocol})")
+            expect_equal(loaded[key].dtype, data[key].dtype, f"the dtype of array {key!r} (protocol {protocol})")
+        expect_equal(loaded["n"], [1, 2.5, "x", None, {"k": (1, 2)}], f"plain data (protocol {protocol})")
 
 
 @check(points=1, hint="capture_rng_state must save Python's random, NumPy's global generator and every loaded "
                       "backend's rng_state(); restore_rng_state sets them all back (the file turns Python's "
-                      "state tuples into lists: convert them back)")
+                      "state tuples into lists: convert them back)",
+       after="test_to_plain")
 def test_rng_state_round_trip(student, tmp_path):
     tt.manual_seed(1)
     tt.randn(3, device="strict")  # the strict backend is loaded, so its generator counts too
+    np.random.standard_normal()  # NumPy's global generator holds a cached Gaussian now
     student.write_checkpoint(tmp_path / "rng.ckpt", {"rng": student.capture_rng_state()})
-    expected = (random.random(), np.random.rand(), tt.randn(4).numpy(), tt.randn(4, device="strict").numpy())
+    expected = (random.random(), np.random.standard_normal(), np.random.rand(), tt.randn(4).numpy(),
+                tt.randn(4, device="strict").numpy())
     tt.manual_seed(123)  # scramble everything
     random.random(), np.random.rand()
     student.restore_rng_state(student.read_checkpoint(tmp_path / "rng.ckpt")["rng"])
-    again = (random.random(), np.random.rand(), tt.randn(4).numpy(), tt.randn(4, device="strict").numpy())
-    assert expected[:2] == again[:2], "Python's and NumPy's generators"
-    assert np.array_equal(expected[2], again[2]) and np.array_equal(expected[3], again[3]), "tinytrain's generators"
+    again = (random.random(), np.random.standard_normal(), np.random.rand(), tt.randn(4).numpy(),
+             tt.randn(4, device="strict").numpy())
+    expect_equal(again[0], expected[0], "Python's random.random() after restoring")
+    expect_equal(again[1:3], expected[1:3], "NumPy's global generator after restoring")
+    expect_equal(again[3], expected[3], "tt.randn(4) (the CPU's generator) after restoring")
+    expect_equal(again[4], expected[4], "tt.randn(4, device='strict') after restoring")
 
 
 @check(points=1, hint="capture_rng_state leaves out (with a RuntimeWarning) a backend whose rng_state() raises "
@@ -137,8 +198,12 @@ def test_rng_states_of_devices_that_cannot_take_part(student):
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             state = student.capture_rng_state()
-        assert "nostate:0" not in state["backends"] and "cpu" in state["backends"], sorted(state["backends"])
-        assert any(issubclass(w.category, RuntimeWarning) for w in caught), "capture_rng_state: no RuntimeWarning"
+        devices = sorted(state["backends"])
+        assert "nostate:0" not in devices and "cpu" in devices, \
+            f"capture_rng_state's backends: expected 'cpu' and not 'nostate:0' (its rng_state raises), got {devices}"
+        categories = [w.category.__name__ for w in caught]
+        assert "RuntimeWarning" in categories, \
+            f"capture_rng_state with a backend that cannot report its state: expected a RuntimeWarning, got {categories}"
     finally:
         for name in [name for name in registry._BACKENDS if name.startswith("nostate")]:
             del registry._BACKENDS[name]
@@ -151,8 +216,11 @@ def test_rng_states_of_devices_that_cannot_take_part(student):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         student.restore_rng_state(state)
-    assert any(issubclass(w.category, RuntimeWarning) for w in caught), "restore_rng_state: no RuntimeWarning for tpu:0"
-    np.testing.assert_array_equal(tt.randn(3).numpy(), expected, err_msg="the CPU's generator is restored all the same")
+    categories = [w.category.__name__ for w in caught]
+    assert "RuntimeWarning" in categories, \
+        f"restore_rng_state of a state with device 'tpu:0': expected a RuntimeWarning, got {categories}"
+    expect_equal(tt.randn(3).numpy(), expected, "tt.randn(3) after restoring (the CPU's generator is restored all "
+                                                "the same)")
 
 
 def student_trainer(student):
@@ -172,7 +240,8 @@ def resumable_run(student):
 
 @check(points=3, hint="exact resume needs the checkpoint to hold everything: to_plain must keep every value, and "
                       "capture/restore_rng_state every generator (Python, NumPy, each tinytrain backend) so dropout "
-                      "masks and shuffles continue exactly")
+                      "masks and shuffles continue exactly",
+       after=("test_to_plain", "test_atomic_write", "test_safe_unpickler", "test_rng_state_round_trip"))
 def test_exact_resume(student, tmp_path):
     tt.manual_seed(0)
     straight, loader = resumable_run(student)
@@ -188,13 +257,13 @@ def test_exact_resume(student, tmp_path):
     random.seed(999), np.random.seed(999)
     resumed, loader = resumable_run(student)
     resumed.load_checkpoint(tmp_path / "half.ckpt")
-    assert resumed.epoch == 2
+    expect_equal(resumed.epoch, 2, "the epoch after load_checkpoint of a checkpoint saved after 2 epochs")
     resumed.fit(loader, epochs=4, progress=False)
-    for a, b in zip(straight.model.parameters(), resumed.model.parameters()):
-        assert np.array_equal(a.numpy(), b.numpy()), "resumed weights must be bit-identical to the straight run"
+    for (name, a), b in zip(straight.model.named_parameters(), resumed.model.parameters()):
+        expect_equal(b.numpy(), a.numpy(), f"{name} after resuming at epoch 2 (bit-identical to the straight run)")
     for key in ("train_loss", "learning_rates", "grad_norm"):
-        assert resumed.history[key] == straight.history[key], key
-    assert resumed.step == straight.step and resumed.epoch == 4
+        expect_equal(resumed.history[key], straight.history[key], f"history[{key!r}] of the resumed run")
+    expect_equal((resumed.step, resumed.epoch), (straight.step, 4), "(step, epoch) of the resumed run")
 
 
 # -- callbacks ---------------------------------------------------------------------------------
@@ -205,34 +274,70 @@ def test_model_checkpoint_keeps_the_right_files(student, tmp_path):
     def fake_trainer(epoch):
         return SimpleNamespace(epoch=epoch, save_checkpoint=lambda path: open(path, "wb").close())
 
-    for keep_last, every, expected in ((2, 3, [3, 6, 7]), (1, None, [7]), (3, 2, [2, 4, 5, 6, 7]), (10, None,
-                                                                                                  [1, 2, 3, 4, 5, 6, 7])):
+    for keep_last, every, expected in ((2, 3, [3, 6, 7]), (1, None, [7]), (3, 2, [2, 4, 5, 6, 7]),
+                                       (10, None, [1, 2, 3, 4, 5, 6, 7])):
         directory = tmp_path / f"run-{keep_last}-{every}"
         callback = student.ModelCheckpoint(directory, keep_last=keep_last, every=every)
         callback.on_fit_begin(None)
         (directory / "epoch-0009.pkl").write_bytes(b"")  # a later epoch from an interrupted run: not touched
         for epoch in range(1, 8):
             callback.on_checkpoint(fake_trainer(epoch), {})
-        assert sorted(callback.epoch_files()) == expected + [9], (keep_last, every, sorted(callback.epoch_files()))
+        expect_equal(sorted(callback.epoch_files()), expected + [9],
+                     f"the epoch files left after epochs 1-7 with keep_last={keep_last}, every={every} "
+                     f"(and a file of epoch 9 from an earlier run)")
+
+
+def run_early_stopping(callback, values, monitor="eval_loss", model=None):
+    """Feed ``values`` to ``callback.on_epoch_end`` epoch by epoch until it stops; the fake trainer."""
+    trainer = SimpleNamespace(epoch=0, stop_training=False, model=nn.Linear(2, 1) if model is None else model)
+    for value in values:
+        trainer.epoch += 1
+        for p in trainer.model.parameters():  # this epoch's weights: every value is the epoch number
+            p.data[...] = trainer.epoch
+        callback.on_epoch_end(trainer, {monitor: value})
+        if trainer.stop_training:
+            break
+    return trainer
 
 
 @check(points=1, hint="EarlyStopping: on an improvement store best/best_epoch and reset wait to 0; otherwise "
                       "wait += 1 and once wait >= patience set trainer.stop_training = True and stopped_epoch")
 def test_early_stopping(student):
-    def run(callback, values, monitor="eval_loss"):
-        trainer = SimpleNamespace(epoch=0, stop_training=False, model=nn.Linear(2, 1))
-        for value in values:
-            trainer.epoch += 1
-            callback.on_epoch_end(trainer, {monitor: value})
-            if trainer.stop_training:
-                break
-        return trainer
-
     patient = student.EarlyStopping(patience=3)
-    trainer = run(patient, [1.0, 0.8, 0.85, 0.9, 0.7, 0.75, 0.76, 0.77, 0.1])
-    assert trainer.epoch == 8 and patient.stopped_epoch == 8, "reset the count on an improvement (epoch 5)"
-    assert patient.best == 0.7 and patient.best_epoch == 5
+    trainer = run_early_stopping(patient, [1.0, 0.8, 0.85, 0.9, 0.7, 0.75, 0.76, 0.77, 0.1])
+    expect_equal((trainer.epoch, patient.stopped_epoch, patient.wait), (8, 8, 3),
+                 "EarlyStopping(patience=3) on eval_loss 1.0, 0.8, 0.85, 0.9, 0.7, 0.75, 0.76, 0.77, ...: (the epoch "
+                 "it stops after, stopped_epoch, wait) -- the count restarts at the improvement of epoch 5")
+    expect_equal((patient.best, patient.best_epoch), (0.7, 5), "(best, best_epoch)")
     accuracy = student.EarlyStopping(monitor="eval_accuracy", patience=1)  # mode "auto": higher is better
-    assert run(accuracy, [0.5, 0.6, 0.7, 0.8], "eval_accuracy").epoch == 4 and accuracy.stopped_epoch is None
+    trainer = run_early_stopping(accuracy, [0.5, 0.6, 0.7, 0.8], "eval_accuracy")
+    expect_equal((trainer.epoch, accuracy.stopped_epoch), (4, None),
+                 "EarlyStopping(monitor='eval_accuracy', patience=1) on rising accuracies: (epochs run, stopped_epoch)")
     demanding = student.EarlyStopping(patience=2, min_delta=0.15)  # only drops of more than 0.15 count
-    assert run(demanding, [1.0, 0.8, 0.7, 0.66]).epoch == 4 and demanding.best == 0.8
+    trainer = run_early_stopping(demanding, [1.0, 0.8, 0.7, 0.66])
+    expect_equal((trainer.epoch, demanding.best), (4, 0.8),
+                 "EarlyStopping(patience=2, min_delta=0.15) on 1.0, 0.8, 0.7, 0.66: (epochs run, best)")
+
+
+@check(points=1, hint="EarlyStopping(restore_best=True): on every improvement keep a copy of the weights, "
+                      "self._best_weights = trainer.model.state_dict(), which on_fit_end puts back; without "
+                      "restore_best keep none",
+       after="test_early_stopping")
+def test_early_stopping_restores_the_best_weights(student):
+    restoring = student.EarlyStopping(patience=2, restore_best=True)
+    trainer = run_early_stopping(restoring, [1.0, 0.5, 0.6, 0.4, 0.45, 0.41])
+    expect_equal((trainer.epoch, restoring.best_epoch), (6, 4), "(the epoch it stops after, best_epoch)")
+    restoring.on_fit_end(trainer)
+    expect_equal([p.numpy().tolist() for p in trainer.model.parameters()], [[[4.0, 4.0]], [4.0]],
+                 "the weights after on_fit_end of EarlyStopping(restore_best=True): those of the best epoch, 4 "
+                 "(every weight of epoch e is e)")
+    best_weights = restoring.state_dict()["best_weights"]
+    assert best_weights is not None, "EarlyStopping(restore_best=True).state_dict()['best_weights']: expected the " \
+                                     "best epoch's weights, got None"
+    plain = student.EarlyStopping(patience=2)
+    trainer = run_early_stopping(plain, [1.0, 0.5, 0.6, 0.7])
+    plain.on_fit_end(trainer)
+    expect_equal(plain.state_dict()["best_weights"], None,
+                 "EarlyStopping(restore_best=False).state_dict()['best_weights'] (no copy of the weights kept)")
+    expect_equal([p.numpy().tolist() for p in trainer.model.parameters()], [[[4.0, 4.0]], [4.0]],
+                 "without restore_best the weights stay those of the last epoch, 4")

@@ -8,12 +8,11 @@ through ``MixedPrecision``; the distributed pieces run in this one process with
 fake communicators built on the student's ``SingleProcess`` (no MPI needed).
 """
 import numpy as np
-import pytest
 
 import tinytrain as tt
 from tinytrain import nn, optim
 from tinytrain.data import DataLoader, TensorDataset
-from tinytrain.course.checks import check
+from tinytrain.course.checks import check, expect_close, expect_equal, expect_raises
 
 RNG = np.random.default_rng(0)
 X = RNG.standard_normal((6, 5))
@@ -40,7 +39,8 @@ def gradients(block, x, run):
 
 
 @check(points=1, hint="Recompute.forward: save the function and capture_rng_state(), run the function on the "
-                      "first `count` arrays (as Tensors) under no_grad, and return the output's array")
+                      "first `count` arrays (as Tensors) under no_grad, and return the output's array; a function "
+                      "that returns anything but one Tensor raises TypeError naming what it returned")
 def test_checkpoint_forward(student):
     block = float64_block()
     x = tt.tensor(X, dtype="float64", requires_grad=True)
@@ -55,25 +55,35 @@ def test_checkpoint_forward(student):
 
     tt.manual_seed(5)
     out = student.checkpoint(spy, x)
-    assert np.array_equal(out.numpy(), expected), "the checkpointed forward must compute the same values"
-    assert inside == [False], "the segment must run once, under no_grad (no graph, no activations kept)"
-    assert out.requires_grad and type(out._ctx).__name__ == "Recompute", "the output's node is the checkpoint"
+    expect_equal(out.numpy(), expected, "checkpoint(block, x): the same values as block(x), dropout included")
+    expect_equal(inside, [False], "requires_grad of the segment's output each time it ran during the forward "
+                                  "(once, under no_grad: no graph, no activations kept)")
+    expect_equal((out.requires_grad, type(out._ctx).__name__), (True, "Recompute"),
+                 "(requires_grad, the type of the node) of checkpoint(block, x)'s output")
     data = tt.tensor(X, dtype="float64")  # no input needs a gradient, but the weights do
-    assert student.checkpoint(block, data).requires_grad
+    expect_equal(student.checkpoint(block, data).requires_grad, True,
+                 "requires_grad of checkpoint(block, data) when only the weights need a gradient")
+    for result, name in (((lambda t: (t * 2.0, t)), "tuple"), ((lambda t: t.numpy()), "ndarray")):
+        expect_raises(TypeError, lambda: student.checkpoint(result, x),
+                      f"checkpoint of a function that returns a {name}", mentions=(name,))
 
 
 @check(points=3, hint="Recompute.backward: restore the saved rng state, re-run the function with gradients on "
                       "(_enable_grad) on fresh copies of the inputs, backward(grad) through it, return each input's "
-                      "gradient (None for the anchor); the recomputed dropout masks must be the forward's")
+                      "gradient (None for the anchor); the recomputed dropout masks must be the forward's",
+       after="test_checkpoint_forward")
 def test_checkpoint_gradients_equal_plain(student):
     block = float64_block()
     x = tt.tensor(X, dtype="float64", requires_grad=True)
     plain = gradients(block, x, lambda b, t: b(t))
     ckpt = gradients(block, x, lambda b, t: student.checkpoint(b, t))
-    for name, a, b in zip(["input"] + [n for n, _ in block.named_parameters()], plain, ckpt):
-        assert np.array_equal(a, b), f"checkpointed gradient of {name} differs from the plain one (dropout masks?)"
+    names = ["input"] + [n for n, _ in block.named_parameters()]
+    for name, a, b in zip(names, plain, ckpt):
+        expect_equal(b, a, f"the gradient of {name} through checkpoint(block, x) (the plain one, bit for bit: "
+                           f"the same dropout masks)")
     layered = gradients(block, x, lambda b, t: student.Checkpoint(b)(t))
-    assert all(np.array_equal(a, b) for a, b in zip(plain, layered)), "Checkpoint(module) must match too"
+    for name, a, b in zip(names, plain, layered):
+        expect_equal(b, a, f"the gradient of {name} through Checkpoint(block)(x)")
 
     # two inputs, one of which needs no gradient; the segment adds into the weights' .grad
     w = tt.tensor(RNG.standard_normal((5, 5)), dtype="float64", requires_grad=True)
@@ -85,9 +95,11 @@ def test_checkpoint_gradients_equal_plain(student):
         out = student.checkpoint(fn, x, y) if wrap else fn(x, y)
         (out * 3.0).sum().backward()
         results.append((x.grad.numpy(), w.grad.numpy(), y.grad))
-    assert np.allclose(results[0][0], results[1][0], rtol=1e-12, atol=0) and \
-        np.allclose(results[0][1], results[1][1], rtol=1e-12, atol=0), "gradients of several inputs and weights"
-    assert results[1][2] is None, "an input that needs no gradient gets none"
+    expect_close(results[1][0], results[0][0], "x.grad through checkpoint(fn, x, y), fn = tanh((x @ w) * y)",
+                 rtol=1e-12, atol=0)
+    expect_close(results[1][1], results[0][1], "w.grad (a weight fn uses, with an earlier gradient of ones) through "
+                                               "checkpoint(fn, x, y)", rtol=1e-12, atol=0)
+    assert results[1][2] is None, f"y.grad (y needs no gradient): expected None, got {results[1][2]!r}"
 
     # a stack of checkpointed segments, the first fed by data that needs no gradient
     tt.manual_seed(0)
@@ -101,12 +113,15 @@ def test_checkpoint_gradients_equal_plain(student):
         model.zero_grad()
         model(tt.tensor(X, dtype="float64")).sum().backward()
         grads.append([p.grad.numpy() for p in model.parameters()])
-    assert len(grads[0]) == len(grads[1]) and all(np.array_equal(a, b) for a, b in zip(*grads)), \
-        "nested checkpointed segments (first one fed by plain data) must give the plain gradients"
+    expect_equal(len(grads[1]), len(grads[0]), "the number of parameters with a gradient in the checkpointed stack")
+    for index, (a, b) in enumerate(zip(*grads)):
+        expect_equal(b, a, f"the gradient of parameter {index} of a stack of checkpointed segments (the first fed "
+                           f"by data that needs no gradient)")
 
 
 @check(points=1, hint="Recompute.backward: after recomputing with the SAVED rng state, put back the state that "
-                      "training was at (capture it before restoring, restore it after, even on an error)")
+                      "training was at (capture it before restoring, restore it after, even on an error)",
+       after="test_checkpoint_forward")
 def test_checkpoint_backward_leaves_the_rng_where_it_was(student):
     draws = []
     for wrap in (False, True):
@@ -117,9 +132,10 @@ def test_checkpoint_backward_leaves_the_rng_where_it_was(student):
         between = tt.randn(4).numpy()  # training draws more numbers before backward runs
         out.sum().backward()
         draws.append((between, tt.randn(4).numpy(), np.random.rand()))
-    assert np.array_equal(draws[0][0], draws[1][0])
-    assert np.array_equal(draws[0][1], draws[1][1]) and draws[0][2] == draws[1][2], \
-        "after backward the generators must continue as if the segment had not been recomputed"
+    expect_equal(draws[1][0], draws[0][0], "tt.randn(4) between the checkpointed forward and backward")
+    expect_equal(draws[1][1], draws[0][1], "tt.randn(4) after the backward (the generators continue as if the "
+                                           "segment had not been recomputed)")
+    expect_equal(draws[1][2], draws[0][2], "np.random.rand() after the backward")
 
 
 # -- mixed precision: the loss scaler ---------------------------------------------------------
@@ -129,29 +145,38 @@ def test_checkpoint_backward_leaves_the_rng_where_it_was(student):
                       "scale by growth_factor and reset the count")
 def test_grad_scaler_update(student):
     scaler = student.GradScaler(init_scale=8.0, growth_interval=3)
+
+    def state():
+        return scaler.scale, scaler.clean_steps, scaler.skipped_steps
+
     scaler.update(found_inf=True)
-    assert scaler.scale == 4.0 and scaler.clean_steps == 0 and scaler.skipped_steps == 1, "halve on overflow"
+    expect_equal(state(), (4.0, 0, 1), "(scale, clean_steps, skipped_steps) of GradScaler(8, growth_interval=3) "
+                                       "after an overflow (halve)")
     scaler.update(False), scaler.update(False)
-    assert scaler.scale == 4.0 and scaler.clean_steps == 2, "no growth before growth_interval clean steps"
+    expect_equal(state(), (4.0, 2, 1), "(scale, clean_steps, skipped_steps) after 2 clean steps (no growth yet)")
     scaler.update(False)
-    assert scaler.scale == 8.0 and scaler.clean_steps == 0, "grow after exactly growth_interval clean steps"
+    expect_equal(state(), (8.0, 0, 1), "(scale, clean_steps, skipped_steps) after the 3rd clean step (grow)")
     scaler.update(False), scaler.update(False), scaler.update(True)
-    assert scaler.scale == 4.0 and scaler.clean_steps == 0 and scaler.skipped_steps == 2, "overflow restarts the run"
+    expect_equal(state(), (4.0, 0, 2), "(scale, clean_steps, skipped_steps) after 2 clean steps and an overflow")
     scaler.update(False), scaler.update(False)
-    assert scaler.scale == 4.0, "the run of clean steps starts again after an overflow"
+    expect_equal(state(), (4.0, 2, 2), "(scale, clean_steps, skipped_steps) after 2 more clean steps (the run "
+                                       "started again at the overflow)")
     scaler.update(False)
-    assert scaler.scale == 8.0
+    expect_equal(state(), (8.0, 0, 2), "(scale, clean_steps, skipped_steps) after a 3rd clean step in a row")
 
     custom = student.GradScaler(init_scale=1.0, growth_factor=3.0, backoff_factor=0.25, growth_interval=1)
     scales = []
     for found_inf in (False, False, True, True, False):
         custom.update(found_inf)
         scales.append(custom.scale)
-    assert scales == [3.0, 9.0, 2.25, 0.5625, 1.6875] and custom.skipped_steps == 2, scales
+    expect_equal((scales, custom.skipped_steps), ([3.0, 9.0, 2.25, 0.5625, 1.6875], 2),
+                 "(scale after each update, skipped_steps) of GradScaler(1, growth_factor=3, backoff_factor=0.25, "
+                 "growth_interval=1) updated with found_inf False, False, True, True, False")
 
 
 @check(points=2, hint="with 16-mixed, an overflowing step must be skipped (weights unchanged) and halve the scale; "
-                      "clean steps unscale the gradients into float32 and grow the scale every growth_interval steps")
+                      "clean steps unscale the gradients into float32 and grow the scale every growth_interval steps",
+       after="test_grad_scaler_update")
 def test_mixed_precision_scaling(student):
     tt.manual_seed(0)
     model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
@@ -174,24 +199,29 @@ def test_mixed_precision_scaling(student):
 
     before = [p.numpy().copy() for p in params]
     with np.errstate(over="ignore", invalid="ignore"):
-        assert not step(np.full((8, 4), 6e4, np.float32), np.zeros(8, np.int64)), "float16 overflowed: skip"
-    assert amp.scaler.scale == 2.0**11 and amp.scaler.skipped_steps == 1, amp.scaler
-    assert all(np.array_equal(b, p.numpy()) for b, p in zip(before, params)), "a skipped step moves no weight"
-    assert all(p.dtype == np.float32 for p in params), "master weights stay float32"
+        taken = step(np.full((8, 4), 6e4, np.float32), np.zeros(8, np.int64))
+    expect_equal(taken, False, "before_step after a float16 overflow (the step must be skipped)")
+    expect_equal((amp.scaler.scale, amp.scaler.skipped_steps), (2.0**11, 1),
+                 "(scale, skipped_steps) after an overflow from init_scale 2**12")
+    for index, (b, p) in enumerate(zip(before, params)):
+        expect_equal(p.numpy(), b, f"parameter {index} after a skipped step (no weight moves)")
+    expect_equal([str(p.dtype) for p in params], ["float32"] * len(params), "the master weights' dtypes")
 
     inputs = RNG.standard_normal((16, 4)).astype(np.float32)
     targets = RNG.integers(0, 2, 16)
     scales = []
-    for _ in range(4):
-        assert step(inputs, targets)
+    for number in range(4):
+        expect_equal(step(inputs, targets), True, f"before_step of clean step {number + 1}")
         ref_opt.zero_grad()
         loss_fn(reference(tt.tensor(inputs)), tt.tensor(targets)).backward()
-        for p, r in zip(params, reference.parameters()):
-            assert p.grad.dtype == np.float32 and np.allclose(p.grad.numpy(), r.grad.numpy(), atol=2e-3), \
-                "the unscaled gradient must match the float32 one"
+        for index, (p, r) in enumerate(zip(params, reference.parameters())):
+            expect_close(p.grad.numpy(), r.grad.numpy(), f"the unscaled float32 gradient of parameter {index} at "
+                                                         f"clean step {number + 1} vs the float32 run's",
+                         rtol=0, atol=2e-3, dtype=np.float32)
         ref_opt.step()
         scales.append(amp.scaler.scale)
-    assert scales == [2.0**11, 2.0**12, 2.0**12, 2.0**13], f"scale after each clean step: {scales}"
+    expect_equal(scales, [2.0**11, 2.0**12, 2.0**12, 2.0**13], "the scale after each of 4 clean steps "
+                                                               "(growth_interval=2)")
 
     tt.manual_seed(0)  # the Trainer's precision="16-mixed" uses the same scaler
     model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
@@ -199,7 +229,8 @@ def test_mixed_precision_scaling(student):
     huge = TensorDataset(np.full((8, 4), 6e4, np.float32), np.zeros(8, np.int64))
     with np.errstate(over="ignore", invalid="ignore"):
         trainer.train_epoch(DataLoader(huge, batch_size=8))
-    assert trainer.skipped_steps == 1 and trainer.step == 0
+    expect_equal((trainer.skipped_steps, trainer.step), (1, 0),
+                 "(skipped_steps, step) of Trainer(precision='16-mixed') after one overflowing batch")
 
 
 # -- data parallelism -------------------------------------------------------------------------
@@ -207,16 +238,17 @@ def test_mixed_precision_scaling(student):
 @check(points=2, hint="shard_indices: pad `order` to a multiple of world_size by wrapping around to its start, "
                       "then take every world_size-th entry from position rank")
 def test_shard_indices(student):
-    assert student.shard_indices(np.arange(8), 0, 2).tolist() == [0, 2, 4, 6]
-    assert student.shard_indices(np.arange(8), 1, 2).tolist() == [1, 3, 5, 7]
-    order = np.array([5, 3, 9, 1, 7])
-    assert student.shard_indices(order, 0, 2).tolist() == [5, 9, 7]
-    assert student.shard_indices(order, 1, 2).tolist() == [3, 1, 5], "pad by wrapping around to the start"
-    assert student.shard_indices(order, 0, 1).tolist() == order.tolist()
-    shards = [student.shard_indices(np.arange(10)[::-1], r, 4).tolist() for r in range(4)]
-    assert shards == [[9, 5, 1], [8, 4, 0], [7, 3, 9], [6, 2, 8]], shards
-    shards = [student.shard_indices(np.array([4, 2]), r, 5).tolist() for r in range(5)]
-    assert shards == [[4], [2], [4], [2], [4]], "more ranks than samples: keep wrapping"
+    def shards(order, world_size):
+        return [student.shard_indices(np.asarray(order), r, world_size).tolist() for r in range(world_size)]
+
+    expect_equal(shards(range(8), 2), [[0, 2, 4, 6], [1, 3, 5, 7]], "shard_indices of 0..7 for ranks 0, 1 of 2")
+    expect_equal(shards([5, 3, 9, 1, 7], 2), [[5, 9, 7], [3, 1, 5]],
+                 "shard_indices of [5, 3, 9, 1, 7] for ranks 0, 1 of 2 (padded by wrapping around to the start)")
+    expect_equal(shards([5, 3, 9, 1, 7], 1), [[5, 3, 9, 1, 7]], "shard_indices of [5, 3, 9, 1, 7] for one rank")
+    expect_equal(shards(np.arange(10)[::-1], 4), [[9, 5, 1], [8, 4, 0], [7, 3, 9], [6, 2, 8]],
+                 "shard_indices of 9..0 for ranks 0-3 of 4")
+    expect_equal(shards([4, 2], 5), [[4], [2], [4], [2], [4]],
+                 "shard_indices of [4, 2] for ranks 0-4 of 5 (more ranks than samples: keep wrapping)")
 
 
 class FakeRank:
@@ -245,7 +277,8 @@ class FakeRank:
 
 
 @check(points=1, hint="DistributedDataLoader serves shard_indices of each epoch's order: every rank the same "
-                      "number of batches, and together the ranks cover every sample")
+                      "number of batches, and together the ranks cover every sample",
+       after="test_shard_indices")
 def test_distributed_loader_shards(student):
     dataset = TensorDataset(np.arange(10, dtype=np.float32)[:, None], np.arange(10))
     seen, lengths = [], []
@@ -253,14 +286,16 @@ def test_distributed_loader_shards(student):
         loader = student.DistributedDataLoader(dataset, batch_size=2, shuffle=True, seed=4,
                                                comm=FakeRank(student, rank, 3))
         labels = [int(v) for _, y in loader for v in y.numpy()]
-        assert len(labels) == 4, f"rank {rank} got {labels}: ceil(10 / 3) = 4 samples each"
+        expect_equal(len(labels), 4, f"the number of samples rank {rank} of 3 gets of 10 (ceil(10 / 3)); it got "
+                                     f"{labels}")
         seen.append(labels)
         lengths.append(len(loader))
-    assert lengths == [2, 2, 2]
-    everything = sorted(v for labels in seen for v in labels)
-    assert set(everything) == set(range(10)) and len(everything) == 12, seen
+    expect_equal(lengths, [2, 2, 2], "len(loader) on ranks 0, 1, 2 (batches of 2)")
+    expect_equal(sorted(set(v for labels in seen for v in labels)), list(range(10)),
+                 f"the samples the 3 ranks see together ({seen})")
     order = DataLoader(dataset, batch_size=10, shuffle=True, seed=4)._epoch_order()
-    assert seen == [student.shard_indices(order, r, 3).tolist() for r in range(3)]
+    expect_equal(seen, [student.shard_indices(order, r, 3).tolist() for r in range(3)],
+                 "the labels each rank sees: shard_indices of the epoch's order")
 
 
 @check(points=2, hint="average_gradients: pack every existing gradient (and `extra` last) into ONE float32 buffer, "
@@ -275,31 +310,36 @@ def test_average_gradients(student):
     others = np.array([18, 17, 16, 15, 14, 13, 8, 16, 9], np.float32)  # the two other ranks' sums, extras last
     comm = FakeRank(student, rank=1, size=3, others=others)
     total = student.average_gradients([a, no_grad, b], comm, extra=1.0)
-    assert len(comm.calls) == 1, f"one all-reduce for all gradients, not {len(comm.calls)}"
+    expect_equal(len(comm.calls), 1, "the number of all-reduces for all gradients")
     sent = comm.calls[0]
-    assert sent.dtype == np.float32 and sent.tolist() == [0, 1, 2, 3, 4, 5, 10, -4, 1], sent
-    assert total == pytest.approx(10.0), "return the extra value summed over the ranks"
-    assert a.grad.shape == (2, 3) and np.allclose(a.grad.numpy(), 6.0), f"{a.grad.numpy()}: the sum / world_size"
-    assert np.allclose(b.grad.numpy(), [6, 4]), f"{b.grad.numpy()}: the sum over the ranks / world_size"
-    assert a.grad.dtype == np.float32 and no_grad.grad is None
+    expect_close(sent, np.array([0, 1, 2, 3, 4, 5, 10, -4, 1], np.float32),
+                 "the buffer sent to Allreduce: a's and b's gradients, then extra", dtype=np.float32)
+    expect_close(total, 10.0, "average_gradients' return: extra summed over the ranks")
+    expect_close(a.grad, np.full((2, 3), 6.0), "a.grad: the sum over the ranks / world_size", dtype=np.float32)
+    expect_close(b.grad, [6.0, 4.0], "b.grad: the sum over the ranks / world_size")
+    assert no_grad.grad is None, f"a parameter without a gradient: expected grad None, got {no_grad.grad!r}"
 
     single = tt.tensor([1.0, 2.0], requires_grad=True)
     single.grad = tt.tensor([0.5, -1.5])
     summed = student.average_gradients([single], student.SingleProcess())
-    assert type(summed) is float and summed == 0.0, f"return a Python float, got {summed!r}"
-    assert single.grad.numpy().tolist() == [0.5, -1.5], "one rank: the average is the gradient itself"
+    expect_equal((type(summed).__name__, summed), ("float", 0.0), "(type, value) of average_gradients' return on "
+                                                                  "one rank with extra=0")
+    expect_equal(single.grad.numpy().tolist(), [0.5, -1.5], "the gradient averaged over one rank (itself)")
     on_device = tt.tensor([1.0, 2.0], requires_grad=True, device="strict")
     on_device.grad = tt.tensor([0.5, -1.5], device="strict")
     try:
         student.average_gradients([on_device], FakeRank(student, rank=0, size=2, others=np.array([1.5, 0.5, 0.0])))
     except TypeError as error:
-        raise AssertionError(f"average_gradients of gradients on the strict device: {error}") from None
-    assert on_device.grad.device == "strict:0" and on_device.grad.numpy().tolist() == [1.0, -0.5], \
-        "a gradient on a device goes to the host for MPI (backend.to_host) and back (backend.from_host)"
+        raise AssertionError(f"average_gradients of gradients on the strict device: expected no error, got "
+                             f"TypeError: {error}") from None
+    expect_equal((on_device.grad.device, on_device.grad.numpy().tolist()), ("strict:0", [1.0, -0.5]),
+                 "(device, values) of a 'strict' gradient averaged over 2 ranks (to the host for MPI with "
+                 "backend.to_host, back with backend.from_host)")
 
 
 @check(points=1, hint="DataParallel's step averages the gradients with average_gradients, whose return value (the "
-                      "extra summed over the ranks) tells every rank whether some rank's loss was not finite")
+                      "extra summed over the ranks) tells every rank whether some rank's loss was not finite",
+       after="test_average_gradients")
 def test_data_parallel_trainer(student):
     class Mirror(FakeRank):
         """Another rank with the same gradients; it reports a bad loss when told to."""
@@ -319,11 +359,14 @@ def test_data_parallel_trainer(student):
         trainer = tt.Trainer(model, optim.SGD(model.parameters(), lr=0.1), nn.CrossEntropyLoss(), strategy=strategy)
         trainer.train_epoch(DataLoader(data, batch_size=8))
         runs.append([p.numpy() for p in model.parameters()])
-    assert len(strategy.comm.calls) == 4, "one all-reduce per step"
-    assert all(np.allclose(a, b, atol=1e-6) for a, b in zip(*runs)), "identical ranks take the single-process steps"
+    expect_equal(len(strategy.comm.calls), 4, "the number of all-reduces in an epoch of 4 steps")
+    for index, (a, b) in enumerate(zip(*runs)):
+        expect_close(b, a, f"parameter {index} after an epoch with DataParallel over identical ranks vs one process",
+                     rtol=0, atol=1e-6)
     strategy.comm.bad = True
     trainer = tt.Trainer(model, optim.SGD(model.parameters(), lr=0.1), nn.CrossEntropyLoss(), strategy=strategy)
     before = [p.numpy().copy() for p in model.parameters()]
     trainer.train_epoch(DataLoader(data, batch_size=8))
-    assert trainer.skipped_steps == 4, "a bad loss on another rank must skip the step on every rank"
-    assert all(np.array_equal(a, p.numpy()) for a, p in zip(before, model.parameters())), "skipped: no weight moves"
+    expect_equal(trainer.skipped_steps, 4, "skipped_steps when another rank reports a bad loss at each of 4 steps")
+    for index, (a, p) in enumerate(zip(before, model.parameters())):
+        expect_equal(p.numpy(), a, f"parameter {index} after 4 skipped steps (no weight moves)")

@@ -66,7 +66,7 @@ def col2im(xp: Any, cols: Any, shape: tuple[int, ...], kernel: tuple[int, int], 
     back to the pixel of the (padded) image of ``shape`` ``(N, C, H, W)`` it was copied from.
 
     Returns the image; pixels in several windows receive the sum. Adds into ``out``
-    (zeros of ``shape``) when given, else into a new array.
+    (zeros of ``shape``) when given, else into a new array of ``cols``' dtype.
     """
     n, c, height, width = shape
     kh, kw = kernel
@@ -154,7 +154,9 @@ buffers = BufferCache(max_bytes=0 if allocator.in_effect() else 128 << 20)
 class Conv2dFunction(Function):
     """``conv2d`` as one graph node: im2col and one matrix product forward; two
     products and col2im backward. Inputs ``x`` (N, C, H, W), ``weight`` (O, C, kH, kW)
-    and optionally ``bias`` (O,); ``stride`` and ``padding`` are pairs of ints."""
+    and optionally ``bias`` (O,); ``stride`` and ``padding`` are pairs of ints. The
+    result's dtype is NumPy's promotion of ``x``'s and the weight's (``xp.result_type``).
+    ``backward`` returns one gradient per input: two without a bias, three with one."""
 
     def forward(self, x: Any, weight: Any, bias: Any = None, *, stride: tuple[int, int],
                 padding: tuple[int, int]) -> Any:
@@ -201,8 +203,11 @@ def conv2d(x: Tensor, weight: Tensor, bias: Tensor | None = None, stride: Any = 
     ``stride`` (>= 1) and ``padding`` (>= 0, zeros) are ints or (height, width) pairs.
     Returns (N, O, H_out, W_out) with ``H_out = (H + 2 * padding - kH) // stride + 1``.
     Raises ``ValueError`` naming the shapes for a non-4-D input or weight, a channel
-    mismatch, a bias of the wrong shape, or an input that, padded, is smaller than
-    the kernel (name the kernel as ``kHxkW``, e.g. ``3x3``).
+    mismatch (say both channel counts), a bias of the wrong shape (name the shape it
+    must have, e.g. ``(4,)``), or an input that, padded, is smaller than the kernel
+    (name the padded size as ``HxW`` and the kernel as ``kHxkW``, e.g. ``2x5`` and
+    ``3x3``); an input exactly the kernel's size is fine. A weight or bias on another
+    device than ``x`` raises ``RuntimeError``, as in every operation (``x._operand``).
     """
     if b is not None:
         if bias is not None:

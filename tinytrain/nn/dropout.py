@@ -8,10 +8,11 @@ from tinytrain.tensor import Tensor
 def dropout(x: Tensor, p: float = 0.5, training: bool = True) -> Tensor:
     """Inverted dropout: zero each element with probability ``p``, scale the rest by ``1/(1-p)``.
 
-    The identity when ``training`` is false or ``p == 0``. ``p`` must be in [0, 1)
-    (``ValueError`` otherwise). The mask comes from ``x``'s device generator,
-    drawn in float32 whatever ``x``'s dtype (the generators refuse float16, which
-    mixed precision computes in) and then cast to ``x``'s dtype.
+    The identity (``x`` itself) when ``training`` is false or ``p == 0``. ``p`` must be
+    in [0, 1) (``ValueError`` otherwise). The mask keeps the elements whose uniform
+    draw ``u`` from ``x``'s device generator is ``>= p``; it is drawn in float32
+    whatever ``x``'s dtype (the generators refuse float16, which mixed precision
+    computes in) and then cast to ``x``'s dtype.
     """
     if not 0 <= p < 1:
         raise ValueError(f"dropout probability p must be in [0, 1), got {p}")

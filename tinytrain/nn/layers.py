@@ -30,7 +30,11 @@ class LinearFunction(Function):
         return out
 
     def backward(self, grad: Any) -> tuple:
-        """Gradients for ``x``, ``weight`` (and ``bias``): ``G W``, ``G^T X``, row sums of ``G``."""
+        """Gradients for ``x``, ``weight`` (and ``bias``): ``G W``, ``G^T X``, row sums of ``G``.
+
+        One gradient per input: two without a bias. Each has ``grad``'s dtype, and the
+        weight's gradient the weight's memory order (written into ``xp.empty_like(weight)``).
+        """
         x, weight, xp = self.x, self.weight, self.xp
         grad_x = grad @ weight if self.inputs[0].requires_grad else None
         rows = grad.reshape(-1, grad.shape[-1])  # (..., out) -> (N, out)
@@ -104,7 +108,8 @@ class ModuleList(Module):
         self.extend(modules)
 
     def append(self, module: Module) -> "ModuleList":
-        """Add ``module`` at the end; returns ``self``."""
+        """Add ``module`` at the end; returns ``self``. Raises ``TypeError`` naming the
+        type of anything that is not a ``Module``."""
         if not isinstance(module, Module):
             raise TypeError(f"{type(self).__name__} holds Modules, got {type(module).__name__}")
         setattr(self, str(len(self._modules)), module)

@@ -60,8 +60,12 @@ class Module:
     def __setattr__(self, name: str, value: Any) -> None:
         """Register ``Parameter`` and ``Module`` values; keep buffers up to date.
 
-        Assigning anything before ``Module.__init__`` ran (the registries do not
-        exist yet) raises ``AttributeError`` telling to call ``super().__init__()`` first.
+        A ``Tensor`` or ``None`` assigned to the name of a registered buffer replaces
+        the buffer, which stays registered (also while it is ``None``); a plain
+        ``Tensor`` assigned to any other name is an ordinary attribute, not a buffer
+        (only ``register_buffer`` makes one). Assigning anything before
+        ``Module.__init__`` ran (the registries do not exist yet) raises
+        ``AttributeError`` telling to call ``super().__init__()`` first.
         """
         if "_parameters" not in self.__dict__:
             raise AttributeError(
@@ -190,7 +194,9 @@ class Module:
         """Move (and/or cast) every parameter, gradient and buffer in place; returns ``self``.
 
         The tensor objects stay the same, so an optimizer built on ``parameters()``
-        before the move keeps working. ``dtype`` applies to floating-point tensors only.
+        before the move keeps working. ``dtype`` applies to floating-point tensors only;
+        without it no dtype changes. An unknown ``dtype`` raises ``TypeError`` before
+        anything moves.
         """
         target = None if device is None else get_backend(device)
         dtype = None if dtype is None else np.dtype(dtype)
@@ -219,7 +225,8 @@ class Module:
         }
 
     def load_state_dict(self, state: dict[str, Any], strict: bool = True) -> IncompatibleKeys:
-        """Copy the values of ``state`` (tensors or NumPy arrays) into this module's tensors.
+        """Copy the values of ``state`` into this module's tensors: tensors (on any device),
+        NumPy arrays, or lists and numbers that ``np.asarray`` takes.
 
         Values are copied into the existing arrays, so they keep their device and
         dtype and share no memory with ``state``. Raises ``RuntimeError`` listing

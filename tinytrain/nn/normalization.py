@@ -43,7 +43,8 @@ class LayerNorm(Module):
     """Normalise each sample over its last ``len(normalized_shape)`` axes, then ``* weight + bias``.
 
     ``weight`` (ones) and ``bias`` (zeros) have shape ``normalized_shape``; the same
-    computation in training and evaluation. Raises ``ValueError`` when the input's
+    computation in training and evaluation. An input of shape ``normalized_shape``
+    itself is one sample. Raises ``ValueError`` naming the input's shape when its
     trailing axes are not ``normalized_shape``.
     """
 
@@ -73,7 +74,10 @@ class _BatchNorm(Module):
 
     Training mode normalises with the batch's statistics and updates the running
     averages (``running_var`` with the unbiased variance); evaluation mode
-    normalises with the running averages. Subclasses set ``input_ndims``.
+    normalises with the running averages. Training mode needs at least two values per
+    channel (the unbiased variance divides by count - 1): fewer, as in a batch of one
+    ``(1, C)`` sample, raise ``ValueError`` naming the layer and the input's shape,
+    before any running average changes. Subclasses set ``input_ndims``.
     """
 
     input_ndims: tuple[int, ...] = ()

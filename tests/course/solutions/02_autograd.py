@@ -33,7 +33,8 @@ def sum_to_shape(grad, shape):
         return grad
     extra = grad.ndim - len(shape)
     if extra > 0:
-        grad = grad.sum(axis=tuple(range(extra)))
+        # keepdims then reshape: a 0-d array for shape (), not a NumPy scalar
+        grad = grad.sum(axis=tuple(range(extra)), keepdims=True).reshape(grad.shape[extra:])
     axes = tuple(i for i, n in enumerate(shape) if n == 1 and grad.shape[i] != 1)
     if axes:
         grad = grad.sum(axis=axes, keepdims=True)

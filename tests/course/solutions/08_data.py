@@ -15,6 +15,8 @@ class TensorDataset:
         self.arrays = arrays
 
     def __getitem__(self, index):
+        if isinstance(index, Tensor):  # an index tensor, maybe on another device: its values, on the host
+            index = index.numpy()
         return tuple(a[index] for a in self.arrays)
 
 

@@ -9,6 +9,8 @@ class Recompute:
         self.rng_state = capture_rng_state()  # every generator, as the segment first ran
         with no_grad():
             out = function(*[Tensor._make(a, self.backend) for a in self.arrays])
+        if not isinstance(out, Tensor):
+            raise TypeError(f"checkpoint: the function returned a {type(out).__name__}, not one Tensor")
         return out.data
 
     def backward(self, grad):
