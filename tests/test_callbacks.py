@@ -3,6 +3,7 @@ and their state across a resume."""
 from __future__ import annotations
 
 import csv
+import os
 from pathlib import Path
 
 import numpy as np
@@ -85,6 +86,60 @@ def test_a_resumed_run_keeps_its_best_and_later_files_of_an_abandoned_run(tmp_pa
     resumed.fit(*loaders(), epochs=6, callbacks=[scripted, saver], progress=False)
     assert epoch_files(tmp_path) == ["epoch-0004.pkl", "epoch-0005.pkl", "epoch-0006.pkl"]
     assert read_checkpoint(tmp_path / "best.pkl")["epoch"] == 6
+
+
+class Killed(BaseException):
+    """The process dies here: nothing after it runs."""
+
+
+def dies_at(kill_at: int, replace):
+    """``os.replace`` that raises :class:`Killed` instead of making its ``kill_at``-th rename."""
+    renames = iter(range(1, 100))
+
+    def dying_replace(*paths) -> None:
+        if next(renames) == kill_at:
+            raise Killed
+        replace(*paths)
+
+    return dying_replace
+
+
+def resume_or_start(directory: Path, losses: list[float], epochs: int) -> None:
+    """Train to ``epochs`` from the newest epoch file in ``directory`` (from scratch if there is none)."""
+    trainer = make_trainer()
+    if epoch_files(directory):
+        trainer.load_checkpoint(directory / epoch_files(directory)[-1])
+    trainer.fit(*loaders(), epochs=epochs, progress=False,
+                callbacks=[Scripted("eval_loss", losses), ModelCheckpoint(directory, monitor="eval_loss")])
+
+
+def test_a_run_killed_before_any_rename_resumes_to_the_same_best(tmp_path: Path, monkeypatch) -> None:
+    losses = [3.0, 2.0, 1.0, 4.0]
+    real_replace = os.replace
+    renames = []
+    monkeypatch.setattr(os, "replace", lambda *paths: (renames.append(paths), real_replace(*paths)))
+    resume_or_start(tmp_path / "straight", losses, 4)
+    expected = read_checkpoint(tmp_path / "straight" / "best.pkl")
+    assert expected["epoch"] == 3 and len(renames) == 7, "best.pkl and the epoch file of epochs 1-3, then epoch 4"
+    for kill_at in range(1, len(renames) + 1):
+        directory = tmp_path / f"killed-{kill_at}"
+        monkeypatch.setattr(os, "replace", dies_at(kill_at, real_replace))
+        with pytest.raises(Killed):
+            resume_or_start(directory, losses, 4)
+        monkeypatch.setattr(os, "replace", real_replace)
+        resume_or_start(directory, losses, 4)
+        best = read_checkpoint(directory / "best.pkl")
+        assert (best["epoch"], best["callbacks"]["ModelCheckpoint"]["best_epoch"]) == (3, 3), kill_at
+        assert all(np.array_equal(best["model"][name], expected["model"][name]) for name in expected["model"])
+        assert epoch_files(directory) == ["epoch-0004.pkl"], kill_at
+
+
+def test_a_resumed_run_deletes_the_files_the_killed_one_had_no_time_to(tmp_path: Path) -> None:
+    make_trainer().fit(*loaders(), epochs=3, callbacks=[ModelCheckpoint(tmp_path, keep_last=3)], progress=False)
+    resumed = make_trainer()
+    resumed.load_checkpoint(tmp_path / "epoch-0003.pkl")
+    resumed.fit(*loaders(), epochs=3, callbacks=[ModelCheckpoint(tmp_path, keep_last=1)], progress=False)
+    assert epoch_files(tmp_path) == ["epoch-0003.pkl"], "nothing left to train, but the old files go"
 
 
 def test_uploads_every_file_and_mirrors_deletions_with_fsspec(tmp_path: Path) -> None:

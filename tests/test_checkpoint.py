@@ -2,9 +2,12 @@
 and exact resumption of a Trainer in a new process."""
 from __future__ import annotations
 
+import hashlib
+import io
 import os
 import pickle
 import random
+import re
 import subprocess
 import sys
 import textwrap
@@ -119,7 +122,9 @@ def test_the_file_names_only_numpy_globals(tmp_path: Path) -> None:
             return super().find_class(module, name)
 
     with open(tmp_path / "c.ckpt", "rb") as file:
-        assert Recorder(file).load()["epoch"] == 3  # an ordinary pickle
+        envelope = Recorder(file).load()  # an ordinary pickle of an ordinary pickle
+    assert named == set() and sorted(envelope) == ["format", "payload", "sha256", "version"]
+    assert Recorder(io.BytesIO(envelope["payload"])).load()["epoch"] == 3
     assert named <= {("numpy._core.numeric", "_frombuffer"), ("numpy", "dtype")}, named
 
 
@@ -148,9 +153,12 @@ def test_a_pickle_that_would_run_code_is_refused_and_does_nothing(tmp_path: Path
     target = tmp_path / "pwned"
     evil = {"format": "tinytrain-checkpoint", "version": 1, "model": {"w": [0.5, 1.5], "x": payload(target)}}
     (tmp_path / "evil.ckpt").write_bytes(pickle.dumps(evil, protocol=protocol))
-    with pytest.raises(CheckpointError, match=r"refusing to load \S+\.(open|exec):") as error:
+    with pytest.raises(CheckpointError) as error:
         read_checkpoint(tmp_path / "evil.ckpt")
-    assert "evil.ckpt" in str(error.value) and "nothing from it was run" in str(error.value)
+    if protocol < 2:  # a checkpoint is a pickle of protocol 5: this one is refused before it is unpickled
+        assert "evil.ckpt is not a tinytrain checkpoint" in str(error.value)
+    else:
+        assert re.search(r"evil.ckpt: refusing to load \S+\.(open|exec):.*nothing from it was run", str(error.value))
     assert not target.exists()
 
 
@@ -187,7 +195,8 @@ def test_trailing_garbage_is_corruption(tmp_path: Path) -> None:
         (pickle.dumps([1, 2, 3]), "not a tinytrain checkpoint.*list"),
         (pickle.dumps({"epoch": 1}), "not a tinytrain checkpoint"),
         (pickle.dumps({"format": "tinytrain-checkpoint", "version": 99}), "version 99"),
-        (b"epoch,lr\n1,0.1\n", "truncated or corrupt"),
+        (b"epoch,lr\n1,0.1\n", "not a tinytrain checkpoint.*starts with b'epoch,lr'"),
+        (b"\x93NUMPY\x01\x00", "not a tinytrain checkpoint.*npy file"),
         (b"", "truncated or corrupt"),
     ],
 )
@@ -209,7 +218,95 @@ def test_damaged_files_load_or_raise_checkpoint_error_only(tmp_path_factory, fli
         state = read_checkpoint(folder / "c.ckpt")
     except CheckpointError:
         return
-    assert isinstance(state, dict)  # a flip inside array data cannot be detected; the rest must be
+    assert_same(to_plain(STATE), state)  # a flip of the pickle protocol or frame size changes nothing
+
+
+def test_a_flipped_byte_is_detected_by_the_checksum(tmp_path: Path) -> None:
+    path = tmp_path / "c.ckpt"
+    write_checkpoint(path, STATE)
+    data = path.read_bytes()
+    weights = data.index(STATE["arrays"]["w"].tobytes())
+    for position in [*range(0, len(data), 7), weights + 5]:
+        path.write_bytes(data[:position] + bytes([data[position] ^ 0x10]) + data[position + 1:])
+        try:
+            state = read_checkpoint(path)
+        except CheckpointError as error:
+            assert str(path) in str(error), error
+        else:  # only a flip that changes no value may load: of the pickle protocol, or of the frame size
+            assert position in (1, *range(3, 11)), position
+            assert_same(to_plain(STATE), state)
+    path.write_bytes(data[:weights + 5] + bytes([data[weights + 5] ^ 0x10]) + data[weights + 6:])
+    with pytest.raises(CheckpointError, match="c.ckpt is corrupt: the checksum"):
+        read_checkpoint(path)
+
+
+def test_a_file_of_version_1_without_a_checksum_still_loads(tmp_path: Path) -> None:
+    old = to_plain({"format": "tinytrain-checkpoint", "version": 1, **STATE})  # as write_checkpoint wrote it
+    (tmp_path / "old.ckpt").write_bytes(pickle.dumps(old, protocol=5))
+    assert_same(to_plain(STATE), read_checkpoint(tmp_path / "old.ckpt"))
+
+
+def test_torch_save_and_npz_files_are_named_as_zip_archives(tmp_path: Path) -> None:
+    np.savez(tmp_path / "weights.npz", w=np.ones(3))
+    files = [tmp_path / "weights.npz"]
+    try:
+        import torch
+    except ImportError:
+        pass
+    else:
+        torch.save({"w": torch.ones(3)}, tmp_path / "model.pt")
+        files.append(tmp_path / "model.pt")
+    for path in files:
+        with pytest.raises(CheckpointError, match=r"not a tinytrain checkpoint.*zip archive, as torch.save and np.savez"):
+            read_checkpoint(path)
+
+
+class ObjectArray:
+    """Pickles as ``_reconstruct(ndarray, shape, "O")`` or ``ndarray(shape, "O")``: only the globals a
+    checkpoint may name, building an array of Python objects (None), which a model loads as NaN."""
+
+    def __init__(self, build: str) -> None:
+        self.build = build
+
+    def __reduce__(self):
+        from numpy._core import multiarray
+
+        if self.build == "_reconstruct":
+            return (multiarray._reconstruct, (np.ndarray, (2,), "O"))
+        return (np.ndarray, ((2,), "O"))
+
+
+def checkpoint_bytes(state: dict, version: int) -> bytes:
+    """A checkpoint file of ``state`` pickled as it is, bypassing write_checkpoint's to_plain."""
+    if version == 1:
+        return pickle.dumps({"format": "tinytrain-checkpoint", "version": 1, **state}, protocol=5)
+    payload = pickle.dumps(state, protocol=5)
+    return pickle.dumps({"format": "tinytrain-checkpoint", "version": 2, "sha256": hashlib.sha256(payload).hexdigest(),
+                         "payload": payload}, protocol=5)
+
+
+@pytest.mark.parametrize("version", [1, 2])
+@pytest.mark.parametrize("build", ["_reconstruct", "ndarray"])
+def test_an_object_array_built_from_the_allowed_globals_is_refused(tmp_path: Path, build: str, version: int) -> None:
+    path = tmp_path / "objects.ckpt"
+    path.write_bytes(checkpoint_bytes({"model": {"weight": ObjectArray(build)}}, version))
+    with pytest.raises(CheckpointError, match=r"objects.ckpt: refusing .*object"):
+        read_checkpoint(path)
+
+
+@pytest.mark.filterwarnings("ignore:the matrix subclass:PendingDeprecationWarning")
+@pytest.mark.parametrize("subclass", [
+    lambda path: np.memmap(path, np.float32, "w+", shape=(2, 3)),
+    lambda path: np.ma.masked_array(np.zeros((2, 3), np.float32), mask=False),
+    lambda path: np.asmatrix(np.zeros((2, 3), np.float32)),
+], ids=["memmap", "masked", "matrix"])
+def test_ndarray_subclasses_become_plain_arrays(tmp_path: Path, subclass) -> None:
+    array = subclass(tmp_path / "mapped.bin")
+    array[...] = np.arange(6).reshape(2, 3)
+    plain = to_plain({"w": array})["w"]
+    assert type(plain) is np.ndarray and plain.tolist() == [[0, 1, 2], [3, 4, 5]]
+    write_checkpoint(tmp_path / "c.ckpt", {"w": array})
+    assert read_checkpoint(tmp_path / "c.ckpt")["w"].tolist() == [[0, 1, 2], [3, 4, 5]]
 
 
 def test_missing_file_is_file_not_found(tmp_path: Path) -> None:
@@ -285,6 +382,19 @@ def test_a_process_killed_mid_write_leaves_the_previous_checkpoint_loadable(tmp_
     assert read_checkpoint(path)["epoch"] == 1
     leftovers = [p for p in tmp_path.iterdir() if p.name != "c.ckpt"]
     assert len(leftovers) == 1 and leftovers[0].name.startswith(".c.ckpt.") and leftovers[0].stat().st_size == 100
+
+
+def test_the_next_save_removes_the_temporary_files_of_killed_ones(tmp_path: Path) -> None:
+    for name in (".c.ckpt.0123456789ab.tmp", ".c.ckpt.ba9876543210.tmp", ".d.ckpt.0123456789ab.tmp", ".c.ckpt.tmp"):
+        (tmp_path / name).write_bytes(b"\x80\x05partial")
+    write_checkpoint(tmp_path / "c.ckpt", {"epoch": 1})
+    assert sorted(os.listdir(tmp_path)) == [".c.ckpt.tmp", ".d.ckpt.0123456789ab.tmp", "c.ckpt"]
+
+
+def test_a_save_into_a_missing_folder_names_the_path_given(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match="cannot write .*nowhere/c.ckpt: the folder .*nowhere does not exist"):
+        write_checkpoint(tmp_path / "nowhere" / "c.ckpt", {"epoch": 1})
+    assert os.listdir(tmp_path) == []
 
 
 # -- random states -----------------------------------------------------------------------------
@@ -428,3 +538,77 @@ def test_load_checkpoint_refuses_a_checkpoint_that_is_not_a_trainer_s(tmp_path: 
     tt.Trainer(bigger, tt.SGD(bigger.parameters(), lr=0.1), nn.MSELoss()).save_checkpoint(tmp_path / "big.ckpt")
     with pytest.raises(RuntimeError, match="shape"):
         trainer.load_checkpoint(tmp_path / "big.ckpt")
+
+
+def small_trainer(optimizer: str = "adam", schedule: str = "cosine", seed: int = 0) -> tt.Trainer:
+    tt.manual_seed(seed)
+    model = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4), nn.Linear(4, 2))
+    make = {"adam": lambda: tt.Adam(model.parameters(), lr=0.01), "sgd": lambda: tt.SGD(model.parameters(), lr=0.1)}
+    schedules = {"cosine": tt.CosineSchedule(0.01, 0.001, total_epochs=4), "none": None,
+                 "step": tt.schedules.StepSchedule(0.01, step_size=2)}
+    trainer = tt.Trainer(model, make[optimizer](), nn.MSELoss(), scheduler=schedules[schedule])
+    data = [(tt.randn(8, 3), tt.randn(8, 2)) for _ in range(2)]
+    trainer.fit(data, epochs=1 + seed, progress=False)
+    return trainer
+
+
+def everything_of(trainer: tt.Trainer) -> dict:
+    """What a failed load must leave as it was (the next random draws included, taken on a copy of the state)."""
+    state = capture_rng_state()
+    draws = (random.random(), np.random.rand(), tt.randn(2).numpy().tolist())
+    restore_rng_state(state)
+    return {"model": {name: t.numpy().tolist() for name, t in trainer.model.state_dict().items()},
+            "optimizer": repr(trainer.optimizer.state_dict()), "scheduler": repr(trainer.scheduler.state_dict()),
+            "counters": (trainer.epoch, trainer.step, trainer.skipped_steps), "history": repr(trainer.history),
+            "modes": [m.training for m in trainer.model.modules()], "pending": repr(trainer._pending), "draws": draws}
+
+
+@pytest.mark.parametrize("optimizer, schedule, error", [
+    ("sgd", "cosine", "SGD optimizer into a Adam"),
+    ("adam", "step", "StepSchedule.* into a CosineSchedule"),
+])
+def test_a_checkpoint_of_another_optimizer_or_schedule_changes_nothing(tmp_path: Path, optimizer: str, schedule: str,
+                                                                       error: str) -> None:
+    small_trainer(optimizer, schedule, seed=2).save_checkpoint(tmp_path / "other.ckpt")
+    trainer = small_trainer()
+    trainer.model.eval()
+    before = everything_of(trainer)
+    with pytest.raises(ValueError, match=error):
+        trainer.load_checkpoint(tmp_path / "other.ckpt")
+    assert everything_of(trainer) == before
+
+
+@pytest.mark.parametrize("field, value, shown", [
+    ("model", [1.0, 2.0], "'model' must be a dict of arrays by name, got [1.0, 2.0]"),
+    ("epoch", "three", "'epoch' must be a whole number >= 0, got 'three'"),
+    ("step", -1, "'step' must be a whole number >= 0, got -1"),
+    ("skipped_steps", 1.5, "'skipped_steps' must be a whole number >= 0, got 1.5"),
+    ("epoch", True, "'epoch' must be a whole number >= 0, got True"),
+    ("optimizer", None, "'optimizer' must be a dict, got None"),
+    ("scheduler", "cosine", "'scheduler' must be None or a dict, got 'cosine'"),
+    ("history", {"train_loss": 0.5}, "'history' must be a dict of lists, got {'train_loss': 0.5}"),
+    ("modes", "train", "'modes' must be a list of booleans, got 'train'"),
+    ("callbacks", [], "'callbacks' must be a dict, got []"),
+])
+def test_a_malformed_field_is_refused_naming_it_and_changes_nothing(tmp_path: Path, field: str, value,
+                                                                     shown: str) -> None:
+    small_trainer(seed=2).save_checkpoint(tmp_path / "c.ckpt")
+    state = read_checkpoint(tmp_path / "c.ckpt")
+    write_checkpoint(tmp_path / "c.ckpt", {**state, field: value})
+    trainer = small_trainer()
+    before = everything_of(trainer)
+    with pytest.raises(CheckpointError, match=re.escape(f"c.ckpt: {shown}")):
+        trainer.load_checkpoint(tmp_path / "c.ckpt")
+    assert everything_of(trainer) == before
+
+
+def test_a_load_that_fails_at_the_random_states_is_undone(tmp_path: Path) -> None:
+    small_trainer(seed=2).save_checkpoint(tmp_path / "c.ckpt")
+    state = read_checkpoint(tmp_path / "c.ckpt")
+    state["rng"]["numpy"] = {"bit_generator": "PCG64", "state": "broken"}  # Python's is restored first, then this
+    write_checkpoint(tmp_path / "c.ckpt", state)
+    trainer = small_trainer()
+    before = everything_of(trainer)
+    with pytest.raises(ValueError, match="MT19937"):
+        trainer.load_checkpoint(tmp_path / "c.ckpt")
+    assert everything_of(trainer) == before

@@ -110,6 +110,7 @@ class ModelCheckpoint(Callback):
         if self._remote is not None:
             filesystem, root = self._remote
             filesystem.makedirs(root, exist_ok=True)
+        self._prune(trainer.epoch)  # what a run killed after its last save had no time to delete
 
     def on_epoch_end(self, trainer: Any, logs: dict[str, Any]) -> None:
         self._improved = False
@@ -119,14 +120,19 @@ class ModelCheckpoint(Callback):
                 self.best, self.best_epoch, self._improved = value, trainer.epoch, True
 
     def on_checkpoint(self, trainer: Any, logs: dict[str, Any]) -> None:
+        # best.pkl first, then the epoch file (a copy of it), then the pruning: a run killed before the
+        # epoch file is complete resumes from the previous one and redoes all three; one killed before
+        # the pruning prunes when it resumes (on_fit_begin)
         path = self.directory / f"epoch-{trainer.epoch:04d}.pkl"
-        trainer.save_checkpoint(path)
-        self._upload(path)
         if self._improved:
             best = self.directory / "best.pkl"
-            with open(path, "rb") as source:
-                atomic_write(best, lambda target: shutil.copyfileobj(source, target))
+            trainer.save_checkpoint(best)
             self._upload(best)
+            with open(best, "rb") as source:
+                atomic_write(path, lambda target: shutil.copyfileobj(source, target))
+        else:
+            trainer.save_checkpoint(path)
+        self._upload(path)
         self._prune(trainer.epoch)
 
     def epoch_files(self) -> dict[int, Path]:

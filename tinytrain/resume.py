@@ -6,6 +6,7 @@
 ``save_checkpoint`` gathers the trainer's complete state into one checkpoint
 file (:mod:`tinytrain.serialization`), ``load_checkpoint`` puts it back.
 """
+import warnings
 from typing import Any, Sequence
 
 from tinytrain.nn.module import Module
@@ -46,15 +47,37 @@ class Resumable:
         })
 
     def load_checkpoint(self, path: Any) -> None:
-        """Restore the state saved by :meth:`save_checkpoint`.
+        """Restore the state saved by :meth:`save_checkpoint`, completely or not at all.
 
-        The data loaders and callbacks get their saved state when they are next
-        passed to :meth:`fit` (or the train loader to :meth:`train_epoch`).
+        Every field is checked before anything changes; if applying it fails
+        midway (a checkpoint of another model, optimizer or schedule), the trainer
+        gets its previous state back and the error propagates. The data loaders
+        and callbacks get their saved state when they are next passed to
+        :meth:`fit` (or the train loader to :meth:`train_epoch`).
         """
         state = read_checkpoint(path)
-        missing = [key for key in ("epoch", "step", "model", "optimizer", "history", "rng") if key not in state]
-        if missing:
-            raise CheckpointError(f"{path} is not a Trainer checkpoint: it lacks {', '.join(missing)}")
+        _check_trainer_state(path, state)
+        with warnings.catch_warnings():  # a generator that cannot be saved is as before; no need to say so twice
+            warnings.simplefilter("ignore", RuntimeWarning)
+            before = {
+                "epoch": self.epoch, "step": self.step, "skipped_steps": self.skipped_steps,
+                "model": self.model.state_dict(), "modes": [module.training for module in self.model.modules()],
+                "optimizer": self.optimizer.state_dict(),
+                "scheduler": None if state.get("scheduler") is None or self.scheduler is None
+                else self.scheduler.state_dict(),
+                "history": self.history, **self._pending, "rng": capture_rng_state(),
+                "plugins": {plugin.name: plugin.state_dict() for plugin in self._plugins
+                            if plugin.name in state.get("plugins", {})},
+            }
+        try:
+            self._apply_state(state)
+        except BaseException:
+            self._apply_state(before)
+            raise
+
+    def _apply_state(self, state: dict[str, Any]) -> None:
+        """Put a checked checkpoint state (or :meth:`load_checkpoint`'s snapshot) in place; the parts
+        that can fail first, the random states last."""
         self.model.load_state_dict(state["model"])
         if isinstance(self.optimizer, Optimizer):  # the state was just read from the file: nothing else holds it
             self.optimizer.load_state_dict(state["optimizer"], copy=False)
@@ -62,6 +85,9 @@ class Resumable:
             self.optimizer.load_state_dict(state["optimizer"])
         if self.scheduler is not None and state.get("scheduler") is not None:
             self.scheduler.load_state_dict(state["scheduler"])
+        for plugin in self._plugins:
+            if plugin.name in state.get("plugins", {}):
+                plugin.load_state_dict(state["plugins"][plugin.name])
         modules = self.model.modules()
         if len(state.get("modes", ())) == len(modules):
             for module, training in zip(modules, state["modes"]):
@@ -71,9 +97,34 @@ class Resumable:
         self.history = {**{key: [] for key in self.history}, **state["history"]}  # keys added since
         self._pending = {"loaders": dict(state.get("loaders", {})), "callbacks": dict(state.get("callbacks", {}))}
         restore_rng_state(state["rng"])
-        for plugin in self._plugins:
-            if plugin.name in state.get("plugins", {}):
-                plugin.load_state_dict(state["plugins"][plugin.name])
+
+
+def _check_trainer_state(path: Any, state: dict[str, Any]) -> None:
+    """Raise CheckpointError naming the field and its value unless ``state`` has the fields of a Trainer's."""
+    missing = [key for key in ("epoch", "step", "model", "optimizer", "history", "rng") if key not in state]
+    if missing:
+        raise CheckpointError(f"{path} is not a Trainer checkpoint: it lacks {', '.join(missing)}")
+    for key in ("epoch", "step", "skipped_steps"):
+        value = state.get(key, 0)
+        if type(value) is not int or value < 0:
+            raise CheckpointError(f"{path}: {key!r} must be a whole number >= 0, got {_shown(value)}")
+    expected = {"model": "a dict of arrays by name", "optimizer": "a dict", "history": "a dict of lists",
+                "rng": "a dict", "loaders": "a dict", "callbacks": "a dict", "plugins": "a dict"}
+    for key, what in expected.items():
+        if key in state and not isinstance(state[key], dict):
+            raise CheckpointError(f"{path}: {key!r} must be {what}, got {_shown(state[key])}")
+    if state.get("scheduler") is not None and not isinstance(state["scheduler"], dict):
+        raise CheckpointError(f"{path}: 'scheduler' must be None or a dict, got {_shown(state['scheduler'])}")
+    if not all(isinstance(values, list) for values in state["history"].values()):
+        raise CheckpointError(f"{path}: 'history' must be a dict of lists, got {_shown(state['history'])}")
+    if not isinstance(state.get("modes", []), list):
+        raise CheckpointError(f"{path}: 'modes' must be a list of booleans, got {_shown(state['modes'])}")
+
+
+def _shown(value: Any) -> str:
+    """``repr(value)``, or its type where that would be long."""
+    text = repr(value)
+    return text if len(text) <= 60 else f"a {type(value).__name__}"
 
 
 # A checkpoint is written as soon as the state is collected, so the copies that

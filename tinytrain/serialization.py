@@ -2,19 +2,25 @@
 
 """Checkpoint files: plain data, written atomically, read back without running code.
 
-A checkpoint is a pickle of plain data only: ``None``, booleans, numbers, strings,
-lists, dicts with string or integer keys, and NumPy arrays (tensors and device
-arrays are copied to the host). :func:`write_checkpoint` writes it to a temporary
-file in the same directory, fsyncs it and renames it over the target, so the
-target is always either the old or the new complete file. :func:`read_checkpoint`
-uses an unpickler that can build nothing but those types: a file that would call
-any other function is refused before anything runs. :func:`capture_rng_state`
-and :func:`restore_rng_state` cover Python's, NumPy's and every tinytrain
-backend's random generators.
+A checkpoint holds plain data only: ``None``, booleans, numbers, strings, lists,
+dicts with string or integer keys, and NumPy arrays (tensors and device arrays are
+copied to the host). The file is a pickle of ``{"format", "version", "sha256",
+"payload"}``: the payload is the pickled state, the sha256 its checksum, so a
+damaged copy is detected (version 1 files, the state itself without a checksum,
+still load). :func:`write_checkpoint` writes it to a temporary file in the same
+directory, fsyncs it and renames it over the target, so the target is always
+either the old or the new complete file. :func:`read_checkpoint` uses an unpickler
+that can build nothing but those types: a file that would call any other
+function is refused before anything runs. :func:`capture_rng_state` and
+:func:`restore_rng_state` cover Python's, NumPy's and every tinytrain backend's
+random generators.
 """
+import hashlib
+import io
 import os
 import pickle
 import random
+import re
 import uuid
 import warnings
 from pathlib import Path
@@ -26,7 +32,7 @@ from tinytrain.backend import backend_of_array, get_backend, loaded_backends
 from tinytrain.tensor import Tensor
 
 FORMAT = "tinytrain-checkpoint"
-VERSION = 1
+VERSION = 2  # 1: the state itself; 2: the pickled state with its sha256
 
 
 class CheckpointError(ValueError):
@@ -42,6 +48,8 @@ def to_plain(value: Any, where: str = "state") -> Any:
     int keys, NumPy array (not of dtype object), tensor or device array; for a dict
     key of another type, the error names the dict's path and the key.
     """
+    if isinstance(value, np.ndarray) and type(value) is not np.ndarray:
+        value = np.asarray(value)  # np.memmap, np.matrix, masked arrays: their class could not be loaded back
     if value is None or type(value) in (bool, int, float, str):  # exactly: np.float64 is a float subclass
         return value
     if isinstance(value, np.generic):
@@ -73,12 +81,16 @@ def to_plain(value: Any, where: str = "state") -> Any:
 def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], None]) -> None:
     """Create or replace the file ``path`` with what ``write(file)`` writes, atomically.
 
-    The bytes go to a temporary file in the same directory, which is flushed,
-    fsynced and renamed over ``path``. If ``write`` (or anything else) fails, the
-    temporary file is removed (if it still exists), ``path`` is untouched, and
-    that error propagates -- not one raised while cleaning up.
+    The bytes go to the temporary file ``temporary`` (``.<name>.<12 hex digits>.tmp``
+    in the same directory), which is flushed, fsynced and renamed over ``path``. If
+    ``write`` (or anything else) fails, the temporary file is removed (if it still
+    exists), ``path`` is untouched, and that error propagates -- not one raised
+    while cleaning up. A successful write also removes the temporary files of
+    ``path`` that killed processes left behind (so one writer per file at a time).
     """
     path = Path(path)
+    if not path.parent.is_dir():  # said here: opening the temporary file would name that instead
+        raise FileNotFoundError(f"cannot write {path}: the folder {path.parent} does not exist")
     temporary = path.with_name(f".{path.name}.{uuid.uuid4().hex[:12]}.tmp")
     try:
         with open(temporary, "xb") as file:
@@ -90,6 +102,16 @@ def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], None]) -> 
         temporary.unlink(missing_ok=True)
         raise
     _fsync_directory(path.parent)
+    _remove_leftovers(path)
+
+
+def _remove_leftovers(path: Path) -> None:
+    """Delete the temporary files of ``path`` that writes killed before their rename left behind."""
+    leftover = re.compile(rf"\.{re.escape(path.name)}\.[0-9a-f]{{12}}\.tmp")
+    with os.scandir(path.parent) as entries:
+        for entry in entries:
+            if leftover.fullmatch(entry.name):
+                Path(entry.path).unlink(missing_ok=True)
 
 
 def _fsync_directory(directory: Path) -> None:
@@ -120,9 +142,12 @@ def _numpy_globals() -> dict[tuple[str, str], Any]:
     except ImportError:
         from numpy.core import multiarray, numeric  # NumPy 1
 
+    def reconstruct(subtype: Any, shape: Any, dtype: Any) -> np.ndarray:  # a file can give the dtype as "O"
+        return multiarray._reconstruct(subtype, shape, _safe_dtype(dtype))
+
     allowed: dict[tuple[str, str], Any] = {("numpy", "ndarray"): np.ndarray, ("numpy", "dtype"): _safe_dtype}
     for package in ("numpy._core", "numpy.core"):
-        allowed[(f"{package}.multiarray", "_reconstruct")] = multiarray._reconstruct
+        allowed[(f"{package}.multiarray", "_reconstruct")] = reconstruct
         allowed[(f"{package}.numeric", "_frombuffer")] = numeric._frombuffer
     return allowed
 
@@ -147,40 +172,89 @@ def write_checkpoint(path: str | os.PathLike, state: dict[str, Any]) -> None:
     """Atomically write ``state`` (a dict, converted by :func:`to_plain`) as a checkpoint file."""
     if not isinstance(state, dict) or "format" in state or "version" in state:
         raise CheckpointError("a checkpoint state is a dict without the reserved keys 'format' and 'version'")
-    plain = to_plain({"format": FORMAT, "version": VERSION, **state}, where="checkpoint")
-    atomic_write(path, lambda file: pickle.dump(plain, file, protocol=5))
+    payload = pickle.dumps(to_plain(state, where="checkpoint"), protocol=5)
+    envelope = {"format": FORMAT, "version": VERSION, "sha256": hashlib.sha256(payload).hexdigest(), "payload": payload}
+    atomic_write(path, lambda file: pickle.dump(envelope, file, protocol=5))
+
+
+_FOREIGN = {b"PK": "it is a zip archive, as torch.save and np.savez write", b"\x93NUMPY": "it is a .npy file (np.save)",
+            b"\x89HDF": "it is an HDF5 file (Keras, h5py)"}
 
 
 def read_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
-    """The state saved by :func:`write_checkpoint` (without ``format`` and ``version``).
+    """The state saved by :func:`write_checkpoint`.
 
     Raises ``FileNotFoundError`` for a missing file and :class:`CheckpointError`
-    for a truncated, corrupt, foreign or unsafe one.
+    naming the file for a truncated or corrupt one (its checksum does not match),
+    a foreign one (not a pickle, or a pickle of something else), an unsafe one
+    (it names a function other than NumPy's, or holds Python objects) and one of
+    a later version.
     """
     path = Path(path)
     with open(path, "rb") as file:
-        try:
-            state = SafeUnpickler(file).load()
-        except CheckpointError as error:  # refused by SafeUnpickler: say which file
-            raise CheckpointError(f"{path}: {error}") from None
-        except Exception as error:  # EOFError, UnpicklingError, ValueError, ...: all mean a damaged file
-            size = path.stat().st_size
-            raise CheckpointError(
-                f"{path} is truncated or corrupt ({size} bytes; unpickling failed with "
-                f"{type(error).__name__}: {error}); load an earlier checkpoint"
-            ) from error
-        if file.read(1):
-            raise CheckpointError(f"{path} is corrupt: there are bytes after the end of the checkpoint")
-    if not isinstance(state, dict) or state.get("format") != FORMAT:
-        found = f"a pickled {type(state).__name__}" if not isinstance(state, dict) else f"keys {sorted(map(str, state))[:8]}"
+        envelope = _unpickle(path, file, whole_file=True)
+    if not isinstance(envelope, dict) or envelope.get("format") != FORMAT:
+        found = f"a pickled {type(envelope).__name__}" if not isinstance(envelope, dict) else f"keys {sorted(map(str, envelope))[:8]}"
         raise CheckpointError(f"{path} is not a tinytrain checkpoint (it holds {found})")
-    version = state.get("version")
-    if not isinstance(version, int) or not 1 <= version <= VERSION:
+    version = envelope.get("version")
+    if type(version) is not int or not 1 <= version <= VERSION:
         raise CheckpointError(
             f"{path} has checkpoint format version {version!r}; this tinytrain reads versions 1 to {VERSION}"
         )
-    del state["format"], state["version"]
+    if version == 1:  # the state itself, without a checksum
+        state = {key: value for key, value in envelope.items() if key not in ("format", "version")}
+    else:
+        payload, recorded = envelope.get("payload"), envelope.get("sha256")
+        if not isinstance(payload, bytes) or not isinstance(recorded, str):
+            raise CheckpointError(f"{path} is corrupt: it lacks its payload or checksum (keys {sorted(map(str, envelope))})")
+        if hashlib.sha256(payload).hexdigest() != recorded:
+            raise CheckpointError(f"{path} is corrupt: the checksum of its contents does not match the one saved "
+                                  f"with them (the file was damaged after it was written); load an earlier checkpoint")
+        state = _unpickle(path, io.BytesIO(payload), whole_file=False)
+    _refuse_non_plain_data(path, state)
     return state
+
+
+def _unpickle(path: Path, file: BinaryIO, whole_file: bool) -> Any:
+    """What ``SafeUnpickler`` reads from ``file`` (of the checkpoint ``path``); every failure a CheckpointError."""
+    head = file.read(8)
+    if whole_file and head and not head.startswith(b"\x80"):  # every pickle of protocol >= 2 starts so
+        looks = next((what for magic, what in _FOREIGN.items() if head.startswith(magic)), f"it starts with {head!r}")
+        raise CheckpointError(f"{path} is not a tinytrain checkpoint (a pickle, starting with b'\\x80'): {looks}")
+    file.seek(0)
+    try:
+        loaded = SafeUnpickler(file).load()
+    except CheckpointError as error:  # refused by SafeUnpickler: say which file
+        raise CheckpointError(f"{path}: {error}") from None
+    except Exception as error:  # EOFError, UnpicklingError, ValueError, ...: all mean a damaged file
+        raise CheckpointError(
+            f"{path} is truncated or corrupt ({path.stat().st_size} bytes; unpickling failed with "
+            f"{type(error).__name__}: {error}); load an earlier checkpoint"
+        ) from error
+    if file.read(1):
+        raise CheckpointError(f"{path} is corrupt: there are bytes after the end of the checkpoint")
+    return loaded
+
+
+def _refuse_non_plain_data(path: Path, state: dict[str, Any]) -> None:
+    """Raise CheckpointError unless ``state`` is plain data. NumPy's globals alone can build an array of
+    Python objects (``ndarray((2,), "O")``), whose ``None``s a model would load as NaN weights."""
+    pending = [(state, "checkpoint")]
+    while pending:
+        value, where = pending.pop()
+        if isinstance(value, dict):
+            for key, item in value.items():
+                if type(key) not in (str, int):
+                    raise CheckpointError(f"{path} is corrupt: {where} has the key {key!r}, not a string or integer")
+                pending.append((item, f"{where}[{key!r}]"))
+        elif isinstance(value, (list, tuple)):
+            pending.extend((item, f"{where}[{i}]") for i, item in enumerate(value))
+        elif isinstance(value, np.ndarray):
+            if value.dtype.hasobject:
+                raise CheckpointError(f"{path}: refusing the array {where} of dtype {value.dtype}: it holds Python "
+                                      "objects, not numbers")
+        elif value is not None and type(value) not in (bool, int, float, str):
+            raise CheckpointError(f"{path} is corrupt: {where} is a {type(value).__name__}, which is not plain data")
 
 
 def capture_rng_state() -> dict[str, Any]:

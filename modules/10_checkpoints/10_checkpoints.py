@@ -90,19 +90,25 @@ def toy_model():
 # %% export="serialization"
 """Checkpoint files: plain data, written atomically, read back without running code.
 
-A checkpoint is a pickle of plain data only: ``None``, booleans, numbers, strings,
-lists, dicts with string or integer keys, and NumPy arrays (tensors and device
-arrays are copied to the host). :func:`write_checkpoint` writes it to a temporary
-file in the same directory, fsyncs it and renames it over the target, so the
-target is always either the old or the new complete file. :func:`read_checkpoint`
-uses an unpickler that can build nothing but those types: a file that would call
-any other function is refused before anything runs. :func:`capture_rng_state`
-and :func:`restore_rng_state` cover Python's, NumPy's and every tinytrain
-backend's random generators.
+A checkpoint holds plain data only: ``None``, booleans, numbers, strings, lists,
+dicts with string or integer keys, and NumPy arrays (tensors and device arrays are
+copied to the host). The file is a pickle of ``{"format", "version", "sha256",
+"payload"}``: the payload is the pickled state, the sha256 its checksum, so a
+damaged copy is detected (version 1 files, the state itself without a checksum,
+still load). :func:`write_checkpoint` writes it to a temporary file in the same
+directory, fsyncs it and renames it over the target, so the target is always
+either the old or the new complete file. :func:`read_checkpoint` uses an unpickler
+that can build nothing but those types: a file that would call any other
+function is refused before anything runs. :func:`capture_rng_state` and
+:func:`restore_rng_state` cover Python's, NumPy's and every tinytrain backend's
+random generators.
 """
+import hashlib
+import io
 import os
 import pickle
 import random
+import re
 import uuid
 import warnings
 from pathlib import Path
@@ -114,7 +120,7 @@ from tinytrain.backend import backend_of_array, get_backend, loaded_backends
 from tinytrain.tensor import Tensor
 
 FORMAT = "tinytrain-checkpoint"
-VERSION = 1
+VERSION = 2  # 1: the state itself; 2: the pickled state with its sha256
 
 
 class CheckpointError(ValueError):
@@ -130,6 +136,8 @@ def to_plain(value: Any, where: str = "state") -> Any:
     int keys, NumPy array (not of dtype object), tensor or device array; for a dict
     key of another type, the error names the dict's path and the key.
     """
+    if isinstance(value, np.ndarray) and type(value) is not np.ndarray:
+        value = np.asarray(value)  # np.memmap, np.matrix, masked arrays: their class could not be loaded back
     ### BEGIN SOLUTION
     if value is None or type(value) in (bool, int, float, str):  # exactly: np.float64 is a float subclass
         return value
@@ -190,18 +198,24 @@ print("to_plain OK")
 # 4. on any error, delete the temporary file and re-raise.
 #
 # (Strictly, the directory entry should be fsynced too for the rename to survive
-# a power cut; we do that where the OS allows it.)
+# a power cut; we do that where the OS allows it. A process killed before its
+# rename cannot delete its temporary file: the next successful write of the same
+# file does, which is why the temporary file's name is given.)
 
 # %% export="serialization"
 def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], None]) -> None:
     """Create or replace the file ``path`` with what ``write(file)`` writes, atomically.
 
-    The bytes go to a temporary file in the same directory, which is flushed,
-    fsynced and renamed over ``path``. If ``write`` (or anything else) fails, the
-    temporary file is removed (if it still exists), ``path`` is untouched, and
-    that error propagates -- not one raised while cleaning up.
+    The bytes go to the temporary file ``temporary`` (``.<name>.<12 hex digits>.tmp``
+    in the same directory), which is flushed, fsynced and renamed over ``path``. If
+    ``write`` (or anything else) fails, the temporary file is removed (if it still
+    exists), ``path`` is untouched, and that error propagates -- not one raised
+    while cleaning up. A successful write also removes the temporary files of
+    ``path`` that killed processes left behind (so one writer per file at a time).
     """
     path = Path(path)
+    if not path.parent.is_dir():  # said here: opening the temporary file would name that instead
+        raise FileNotFoundError(f"cannot write {path}: the folder {path.parent} does not exist")
     temporary = path.with_name(f".{path.name}.{uuid.uuid4().hex[:12]}.tmp")
     ### BEGIN SOLUTION
     try:
@@ -215,6 +229,16 @@ def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], None]) -> 
         raise
     ### END SOLUTION
     _fsync_directory(path.parent)
+    _remove_leftovers(path)
+
+
+def _remove_leftovers(path: Path) -> None:
+    """Delete the temporary files of ``path`` that writes killed before their rename left behind."""
+    leftover = re.compile(rf"\.{re.escape(path.name)}\.[0-9a-f]{{12}}\.tmp")
+    with os.scandir(path.parent) as entries:
+        for entry in entries:
+            if leftover.fullmatch(entry.name):
+                Path(entry.path).unlink(missing_ok=True)
 
 
 def _fsync_directory(directory: Path) -> None:
@@ -258,14 +282,16 @@ print("atomic_write OK")
 # call passes through there. Overriding it is Python's documented way to restrict
 # unpickling ("Restricting Globals" in the `pickle` docs). Plain data needs no
 # globals at all, except for NumPy arrays: `_frombuffer` / `_reconstruct` (how
-# NumPy pickles an array), `ndarray` and `dtype`. Allow exactly those — and no
-# dtype that holds Python objects — and refuse everything else with an error that
-# names what the file tried to load.
+# NumPy pickles an array), `ndarray` and `dtype`. Allow exactly those (the
+# given `_numpy_globals` maps their names to versions that refuse a dtype holding
+# Python objects: an array of `None`s would load as NaN weights) and refuse
+# everything else with an error that names what the file tried to load.
 #
-# Then check what came out: a tinytrain checkpoint is a dict with
-# `"format": "tinytrain-checkpoint"` and a version; a truncated or corrupt file
-# makes the unpickler fail in many ways (`EOFError`, `UnpicklingError`,
-# `ValueError`, ...) that we turn into one clear `CheckpointError`.
+# Then check what came out (given code below): a tinytrain checkpoint is a dict
+# with `"format": "tinytrain-checkpoint"` and a version, and holds plain data
+# only; a truncated or corrupt file makes the unpickler fail in many ways
+# (`EOFError`, `UnpicklingError`, `ValueError`, ...) that we turn into one clear
+# `CheckpointError`.
 
 # %% export="serialization"
 def _safe_dtype(*args: Any) -> np.dtype:
@@ -282,9 +308,12 @@ def _numpy_globals() -> dict[tuple[str, str], Any]:
     except ImportError:
         from numpy.core import multiarray, numeric  # NumPy 1
 
+    def reconstruct(subtype: Any, shape: Any, dtype: Any) -> np.ndarray:  # a file can give the dtype as "O"
+        return multiarray._reconstruct(subtype, shape, _safe_dtype(dtype))
+
     allowed: dict[tuple[str, str], Any] = {("numpy", "ndarray"): np.ndarray, ("numpy", "dtype"): _safe_dtype}
     for package in ("numpy._core", "numpy.core"):
-        allowed[(f"{package}.multiarray", "_reconstruct")] = multiarray._reconstruct
+        allowed[(f"{package}.multiarray", "_reconstruct")] = reconstruct
         allowed[(f"{package}.numeric", "_frombuffer")] = numeric._frombuffer
     return allowed
 
@@ -329,50 +358,108 @@ for protocol in (4, 5):
 print("SafeUnpickler OK")
 
 # %% [markdown]
-# The two public functions put the pieces together. `write_checkpoint` stamps
-# the format and version on the state, converts it to plain data (an error is
-# raised before a single byte is written) and pickles it atomically;
-# `read_checkpoint` reverses it and checks the stamp.
+# The two public functions put the pieces together. `write_checkpoint` converts
+# the state to plain data (an error is raised before a single byte is written)
+# and pickles it: that is the *payload*. A flipped bit on a disk or a copy cut
+# short would still unpickle into a checkpoint with one wrong weight, so the
+# file also carries the payload's SHA-256 checksum. The file is a pickle of
+#
+# ```python
+# {"format": "tinytrain-checkpoint", "version": 2, "sha256": "9f86d0...", "payload": b"\x80\x05..."}
+# ```
+#
+# written atomically. `read_checkpoint` reverses it: it checks the stamp, then
+# the checksum, and only then unpickles the payload, again with `SafeUnpickler`.
+# Files of version 1 (the state itself, without a checksum) still load.
 
 # %% export="serialization"
 def write_checkpoint(path: str | os.PathLike, state: dict[str, Any]) -> None:
     """Atomically write ``state`` (a dict, converted by :func:`to_plain`) as a checkpoint file."""
     if not isinstance(state, dict) or "format" in state or "version" in state:
         raise CheckpointError("a checkpoint state is a dict without the reserved keys 'format' and 'version'")
-    plain = to_plain({"format": FORMAT, "version": VERSION, **state}, where="checkpoint")
-    atomic_write(path, lambda file: pickle.dump(plain, file, protocol=5))
+    payload = pickle.dumps(to_plain(state, where="checkpoint"), protocol=5)
+    envelope = {"format": FORMAT, "version": VERSION, "sha256": hashlib.sha256(payload).hexdigest(), "payload": payload}
+    atomic_write(path, lambda file: pickle.dump(envelope, file, protocol=5))
+
+
+_FOREIGN = {b"PK": "it is a zip archive, as torch.save and np.savez write", b"\x93NUMPY": "it is a .npy file (np.save)",
+            b"\x89HDF": "it is an HDF5 file (Keras, h5py)"}
 
 
 def read_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
-    """The state saved by :func:`write_checkpoint` (without ``format`` and ``version``).
+    """The state saved by :func:`write_checkpoint`.
 
     Raises ``FileNotFoundError`` for a missing file and :class:`CheckpointError`
-    for a truncated, corrupt, foreign or unsafe one.
+    naming the file for a truncated or corrupt one (its checksum does not match),
+    a foreign one (not a pickle, or a pickle of something else), an unsafe one
+    (it names a function other than NumPy's, or holds Python objects) and one of
+    a later version.
     """
     path = Path(path)
     with open(path, "rb") as file:
-        try:
-            state = SafeUnpickler(file).load()
-        except CheckpointError as error:  # refused by SafeUnpickler: say which file
-            raise CheckpointError(f"{path}: {error}") from None
-        except Exception as error:  # EOFError, UnpicklingError, ValueError, ...: all mean a damaged file
-            size = path.stat().st_size
-            raise CheckpointError(
-                f"{path} is truncated or corrupt ({size} bytes; unpickling failed with "
-                f"{type(error).__name__}: {error}); load an earlier checkpoint"
-            ) from error
-        if file.read(1):
-            raise CheckpointError(f"{path} is corrupt: there are bytes after the end of the checkpoint")
-    if not isinstance(state, dict) or state.get("format") != FORMAT:
-        found = f"a pickled {type(state).__name__}" if not isinstance(state, dict) else f"keys {sorted(map(str, state))[:8]}"
+        envelope = _unpickle(path, file, whole_file=True)
+    if not isinstance(envelope, dict) or envelope.get("format") != FORMAT:
+        found = f"a pickled {type(envelope).__name__}" if not isinstance(envelope, dict) else f"keys {sorted(map(str, envelope))[:8]}"
         raise CheckpointError(f"{path} is not a tinytrain checkpoint (it holds {found})")
-    version = state.get("version")
-    if not isinstance(version, int) or not 1 <= version <= VERSION:
+    version = envelope.get("version")
+    if type(version) is not int or not 1 <= version <= VERSION:
         raise CheckpointError(
             f"{path} has checkpoint format version {version!r}; this tinytrain reads versions 1 to {VERSION}"
         )
-    del state["format"], state["version"]
+    if version == 1:  # the state itself, without a checksum
+        state = {key: value for key, value in envelope.items() if key not in ("format", "version")}
+    else:
+        payload, recorded = envelope.get("payload"), envelope.get("sha256")
+        if not isinstance(payload, bytes) or not isinstance(recorded, str):
+            raise CheckpointError(f"{path} is corrupt: it lacks its payload or checksum (keys {sorted(map(str, envelope))})")
+        if hashlib.sha256(payload).hexdigest() != recorded:
+            raise CheckpointError(f"{path} is corrupt: the checksum of its contents does not match the one saved "
+                                  f"with them (the file was damaged after it was written); load an earlier checkpoint")
+        state = _unpickle(path, io.BytesIO(payload), whole_file=False)
+    _refuse_non_plain_data(path, state)
     return state
+
+
+def _unpickle(path: Path, file: BinaryIO, whole_file: bool) -> Any:
+    """What ``SafeUnpickler`` reads from ``file`` (of the checkpoint ``path``); every failure a CheckpointError."""
+    head = file.read(8)
+    if whole_file and head and not head.startswith(b"\x80"):  # every pickle of protocol >= 2 starts so
+        looks = next((what for magic, what in _FOREIGN.items() if head.startswith(magic)), f"it starts with {head!r}")
+        raise CheckpointError(f"{path} is not a tinytrain checkpoint (a pickle, starting with b'\\x80'): {looks}")
+    file.seek(0)
+    try:
+        loaded = SafeUnpickler(file).load()
+    except CheckpointError as error:  # refused by SafeUnpickler: say which file
+        raise CheckpointError(f"{path}: {error}") from None
+    except Exception as error:  # EOFError, UnpicklingError, ValueError, ...: all mean a damaged file
+        raise CheckpointError(
+            f"{path} is truncated or corrupt ({path.stat().st_size} bytes; unpickling failed with "
+            f"{type(error).__name__}: {error}); load an earlier checkpoint"
+        ) from error
+    if file.read(1):
+        raise CheckpointError(f"{path} is corrupt: there are bytes after the end of the checkpoint")
+    return loaded
+
+
+def _refuse_non_plain_data(path: Path, state: dict[str, Any]) -> None:
+    """Raise CheckpointError unless ``state`` is plain data. NumPy's globals alone can build an array of
+    Python objects (``ndarray((2,), "O")``), whose ``None``s a model would load as NaN weights."""
+    pending = [(state, "checkpoint")]
+    while pending:
+        value, where = pending.pop()
+        if isinstance(value, dict):
+            for key, item in value.items():
+                if type(key) not in (str, int):
+                    raise CheckpointError(f"{path} is corrupt: {where} has the key {key!r}, not a string or integer")
+                pending.append((item, f"{where}[{key!r}]"))
+        elif isinstance(value, (list, tuple)):
+            pending.extend((item, f"{where}[{i}]") for i, item in enumerate(value))
+        elif isinstance(value, np.ndarray):
+            if value.dtype.hasobject:
+                raise CheckpointError(f"{path}: refusing the array {where} of dtype {value.dtype}: it holds Python "
+                                      "objects, not numbers")
+        elif value is not None and type(value) not in (bool, int, float, str):
+            raise CheckpointError(f"{path} is corrupt: {where} is a {type(value).__name__}, which is not plain data")
 
 
 # %% [markdown]
@@ -474,6 +561,7 @@ print("random states and checkpoint files OK")
 ``save_checkpoint`` gathers the trainer's complete state into one checkpoint
 file (:mod:`tinytrain.serialization`), ``load_checkpoint`` puts it back.
 """
+import warnings
 from typing import Any, Sequence
 
 from tinytrain.nn.module import Module
@@ -514,15 +602,37 @@ class Resumable:
         })
 
     def load_checkpoint(self, path: Any) -> None:
-        """Restore the state saved by :meth:`save_checkpoint`.
+        """Restore the state saved by :meth:`save_checkpoint`, completely or not at all.
 
-        The data loaders and callbacks get their saved state when they are next
-        passed to :meth:`fit` (or the train loader to :meth:`train_epoch`).
+        Every field is checked before anything changes; if applying it fails
+        midway (a checkpoint of another model, optimizer or schedule), the trainer
+        gets its previous state back and the error propagates. The data loaders
+        and callbacks get their saved state when they are next passed to
+        :meth:`fit` (or the train loader to :meth:`train_epoch`).
         """
         state = read_checkpoint(path)
-        missing = [key for key in ("epoch", "step", "model", "optimizer", "history", "rng") if key not in state]
-        if missing:
-            raise CheckpointError(f"{path} is not a Trainer checkpoint: it lacks {', '.join(missing)}")
+        _check_trainer_state(path, state)
+        with warnings.catch_warnings():  # a generator that cannot be saved is as before; no need to say so twice
+            warnings.simplefilter("ignore", RuntimeWarning)
+            before = {
+                "epoch": self.epoch, "step": self.step, "skipped_steps": self.skipped_steps,
+                "model": self.model.state_dict(), "modes": [module.training for module in self.model.modules()],
+                "optimizer": self.optimizer.state_dict(),
+                "scheduler": None if state.get("scheduler") is None or self.scheduler is None
+                else self.scheduler.state_dict(),
+                "history": self.history, **self._pending, "rng": capture_rng_state(),
+                "plugins": {plugin.name: plugin.state_dict() for plugin in self._plugins
+                            if plugin.name in state.get("plugins", {})},
+            }
+        try:
+            self._apply_state(state)
+        except BaseException:
+            self._apply_state(before)
+            raise
+
+    def _apply_state(self, state: dict[str, Any]) -> None:
+        """Put a checked checkpoint state (or :meth:`load_checkpoint`'s snapshot) in place; the parts
+        that can fail first, the random states last."""
         self.model.load_state_dict(state["model"])
         if isinstance(self.optimizer, Optimizer):  # the state was just read from the file: nothing else holds it
             self.optimizer.load_state_dict(state["optimizer"], copy=False)
@@ -530,6 +640,9 @@ class Resumable:
             self.optimizer.load_state_dict(state["optimizer"])
         if self.scheduler is not None and state.get("scheduler") is not None:
             self.scheduler.load_state_dict(state["scheduler"])
+        for plugin in self._plugins:
+            if plugin.name in state.get("plugins", {}):
+                plugin.load_state_dict(state["plugins"][plugin.name])
         modules = self.model.modules()
         if len(state.get("modes", ())) == len(modules):
             for module, training in zip(modules, state["modes"]):
@@ -539,9 +652,34 @@ class Resumable:
         self.history = {**{key: [] for key in self.history}, **state["history"]}  # keys added since
         self._pending = {"loaders": dict(state.get("loaders", {})), "callbacks": dict(state.get("callbacks", {}))}
         restore_rng_state(state["rng"])
-        for plugin in self._plugins:
-            if plugin.name in state.get("plugins", {}):
-                plugin.load_state_dict(state["plugins"][plugin.name])
+
+
+def _check_trainer_state(path: Any, state: dict[str, Any]) -> None:
+    """Raise CheckpointError naming the field and its value unless ``state`` has the fields of a Trainer's."""
+    missing = [key for key in ("epoch", "step", "model", "optimizer", "history", "rng") if key not in state]
+    if missing:
+        raise CheckpointError(f"{path} is not a Trainer checkpoint: it lacks {', '.join(missing)}")
+    for key in ("epoch", "step", "skipped_steps"):
+        value = state.get(key, 0)
+        if type(value) is not int or value < 0:
+            raise CheckpointError(f"{path}: {key!r} must be a whole number >= 0, got {_shown(value)}")
+    expected = {"model": "a dict of arrays by name", "optimizer": "a dict", "history": "a dict of lists",
+                "rng": "a dict", "loaders": "a dict", "callbacks": "a dict", "plugins": "a dict"}
+    for key, what in expected.items():
+        if key in state and not isinstance(state[key], dict):
+            raise CheckpointError(f"{path}: {key!r} must be {what}, got {_shown(state[key])}")
+    if state.get("scheduler") is not None and not isinstance(state["scheduler"], dict):
+        raise CheckpointError(f"{path}: 'scheduler' must be None or a dict, got {_shown(state['scheduler'])}")
+    if not all(isinstance(values, list) for values in state["history"].values()):
+        raise CheckpointError(f"{path}: 'history' must be a dict of lists, got {_shown(state['history'])}")
+    if not isinstance(state.get("modes", []), list):
+        raise CheckpointError(f"{path}: 'modes' must be a list of booleans, got {_shown(state['modes'])}")
+
+
+def _shown(value: Any) -> str:
+    """``repr(value)``, or its type where that would be long."""
+    text = repr(value)
+    return text if len(text) <= 60 else f"a {type(value).__name__}"
 
 
 # A checkpoint is written as soon as the state is collected, so the copies that
@@ -653,7 +791,10 @@ print(f"weights-only resume: largest difference from the uninterrupted run {gap:
 #
 # * `ModelCheckpoint(directory, keep_last=N, every=K, monitor=..., upload_to=URL)`
 #   saves `epoch-0007.pkl` after every epoch, keeps the newest `N` and every `K`-th,
-#   and copies the best one (by a monitored log entry) to `best.pkl`. With
+#   and keeps the best one (by a monitored log entry) as `best.pkl`. The order
+#   matters: `best.pkl` first, then the epoch file, then the deletions, so a run
+#   killed at any moment and resumed from its newest epoch file redoes whatever
+#   was missing. With
 #   `upload_to` it copies each file to any [fsspec](https://filesystem-spec.readthedocs.io)
 #   URL (`s3://bucket/run`, `gs://...`, `ssh://...`) — so losing the machine loses no work.
 # * `CSVLogger(path)` writes one row per epoch; on resume it keeps the rows of the
@@ -779,6 +920,7 @@ class ModelCheckpoint(Callback):
         if self._remote is not None:
             filesystem, root = self._remote
             filesystem.makedirs(root, exist_ok=True)
+        self._prune(trainer.epoch)  # what a run killed after its last save had no time to delete
 
     def on_epoch_end(self, trainer: Any, logs: dict[str, Any]) -> None:
         self._improved = False
@@ -788,14 +930,19 @@ class ModelCheckpoint(Callback):
                 self.best, self.best_epoch, self._improved = value, trainer.epoch, True
 
     def on_checkpoint(self, trainer: Any, logs: dict[str, Any]) -> None:
+        # best.pkl first, then the epoch file (a copy of it), then the pruning: a run killed before the
+        # epoch file is complete resumes from the previous one and redoes all three; one killed before
+        # the pruning prunes when it resumes (on_fit_begin)
         path = self.directory / f"epoch-{trainer.epoch:04d}.pkl"
-        trainer.save_checkpoint(path)
-        self._upload(path)
         if self._improved:
             best = self.directory / "best.pkl"
-            with open(path, "rb") as source:
-                atomic_write(best, lambda target: shutil.copyfileobj(source, target))
+            trainer.save_checkpoint(best)
             self._upload(best)
+            with open(best, "rb") as source:
+                atomic_write(path, lambda target: shutil.copyfileobj(source, target))
+        else:
+            trainer.save_checkpoint(path)
+        self._upload(path)
         self._prune(trainer.epoch)
 
     def epoch_files(self) -> dict[int, Path]:
@@ -999,8 +1146,8 @@ print(f"plain write {plain * 1e3:6.1f} ms, atomic write (temporary file, fsync, 
 #
 # * A checkpoint is plain data — weights, buffers, optimizer, schedule, counters,
 #   history, modes, the loaders' positions and every random state — written
-#   atomically (temporary file, fsync, rename) and read by an unpickler that
-#   refuses code. Then a resumed run is the same run, bit for bit.
+#   atomically (temporary file, fsync, rename) with its checksum, and read by
+#   an unpickler that refuses code. Then a resumed run is the same run, bit for bit.
 # * Weights alone resume a *different* run.
 # * Callbacks keep the newest and the best checkpoints, log every epoch, and stop
 #   early; the state that decides what they do next travels in the checkpoint.

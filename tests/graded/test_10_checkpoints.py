@@ -11,6 +11,7 @@ import io
 import os
 import pickle
 import random
+import re
 import stat
 import warnings
 from types import SimpleNamespace
@@ -76,13 +77,18 @@ def test_to_plain(student, monkeypatch):
     expect_equal(fresh["n"], [2], "to_plain([np.int32(2)]) before any backend is loaded")
 
 
-@check(points=1, hint="atomic_write: write into the temporary file, flush and os.fsync it, then os.replace it over "
-                      "the target; on any exception (even KeyboardInterrupt) delete the temporary file if it still "
-                      "exists and re-raise that exception")
+@check(points=1, hint="atomic_write: write into the given temporary file (open(temporary, 'xb')), flush and os.fsync "
+                      "it, then os.replace it over the target; on any exception (even KeyboardInterrupt) delete the "
+                      "temporary file if it still exists and re-raise that exception")
 def test_atomic_write(student, tmp_path, monkeypatch):
     target = tmp_path / "state.bin"
-    student.atomic_write(target, lambda f: f.write(b"old"))
+    written_into = []
+    student.atomic_write(target, lambda f: written_into.append(str(f.name)) or f.write(b"old"))
     expect_equal(target.read_bytes(), b"old", "the file after atomic_write of b'old'")
+    assert re.fullmatch(re.escape(str(tmp_path / ".state.bin.")) + "[0-9a-f]{12}\\.tmp", written_into[0]), \
+        f"the file atomic_write(.../state.bin) writes into: expected the given temporary file, " \
+        f"{tmp_path}/.state.bin.<12 hex digits>.tmp (a later save removes those a killed process left), " \
+        f"got {written_into[0]}"
 
     def crash_halfway(file):
         file.write(b"new, but only ha")
@@ -278,7 +284,7 @@ def test_model_checkpoint_keeps_the_right_files(student, tmp_path):
                                        (10, None, [1, 2, 3, 4, 5, 6, 7])):
         directory = tmp_path / f"run-{keep_last}-{every}"
         callback = student.ModelCheckpoint(directory, keep_last=keep_last, every=every)
-        callback.on_fit_begin(None)
+        callback.on_fit_begin(fake_trainer(0))
         (directory / "epoch-0009.pkl").write_bytes(b"")  # a later epoch from an interrupted run: not touched
         for epoch in range(1, 8):
             callback.on_checkpoint(fake_trainer(epoch), {})
