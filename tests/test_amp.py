@@ -194,3 +194,43 @@ def test_a_trainer_whose_losses_bypass_batch_loss_refuses_16_mixed():
     with pytest.raises(RuntimeError, match=r"16-mixed.*self\._batch_loss\(inputs, targets\)"):
         trainer.train_epoch(loader())
     assert trainer.step == 0
+
+
+class NanOnBatch:
+    """Cross-entropy whose ``bad``-th call returns nan."""
+
+    def __init__(self, bad: int) -> None:
+        self.calls, self.bad, self.inner = 0, bad, nn.CrossEntropyLoss()
+
+    def __call__(self, out, y):
+        self.calls += 1
+        loss = self.inner(out, y)
+        return loss * float("nan") if self.calls == self.bad else loss
+
+
+@pytest.mark.filterwarnings("ignore:.*encountered:RuntimeWarning")
+def test_16_mixed_raises_on_a_nan_loss_when_configured():
+    trainer = toy(on_nonfinite="raise")
+    trainer.loss_fn = NanOnBatch(2)
+    with pytest.raises(FloatingPointError, match="the loss is nan in epoch 0 after 1 optimizer steps"):
+        trainer.train_epoch(loader())
+
+
+@pytest.mark.filterwarnings("ignore:.*encountered:RuntimeWarning")
+def test_16_mixed_skips_a_nan_loss_once_and_backs_off_the_scale():
+    trainer = toy()
+    trainer.loss_fn = NanOnBatch(2)
+    trainer.train_epoch(loader())
+    assert trainer.skipped_steps == 1 and trainer.step == 5 and trainer._amp.scaler.scale == 2.0**15
+
+
+@pytest.mark.filterwarnings("ignore:.*encountered:RuntimeWarning")
+def test_a_loss_scale_that_keeps_falling_stops_with_floating_point_error_not_zero_division():
+    """Gradients that are inf at any scale: after 40 halvings from 2**16 the scale is below float16's
+    smallest step (2**-24), and the run stops with a clear error (before, 1 / 0.0 after ~1,100 steps)."""
+    trainer = toy()
+    trainer.loss_fn = lambda out, y: (out * 0.0).sum().sqrt() + nn.CrossEntropyLoss()(out, y)  # nan gradient
+    batches = (np.repeat(X[:1], 64, axis=0), np.repeat(Y[:1], 64))
+    with pytest.raises(FloatingPointError, match=r"loss scale fell to 2.98023e-08 after 41 skipped steps"):
+        for _ in range(2):
+            trainer.train_epoch(loader(batches, batch_size=1))

@@ -117,6 +117,15 @@ def test_collate_stacks_fields_and_plain_samples(device):
 # -- batching, dtypes and devices --------------------------------------------------
 
 
+def test_collate_names_the_sample_whose_shape_differs_and_both_shapes():
+    with pytest.raises(ValueError, match=r"sample 2 .*shapes \(\(1, 3\), \(\)\).*sample 0 .*shapes \(\(1, 2\), \(\)\)"):
+        collate([(np.zeros((1, 2)), 3), (np.ones((1, 2)), 5), (np.ones((1, 3)), 7)])
+    with pytest.raises(ValueError, match=r"sample 1 .*shape \(4,\).*sample 0 .*shape \(3,\)"):
+        collate([np.arange(3), np.arange(4)])
+    with pytest.raises(ValueError, match=r"sample 1 .*shapes \(\(2,\),\).*sample 0 .*shapes \(\(2,\), \(\)\)"):
+        collate([(np.zeros(2), 1), (np.zeros(2),)])  # a missing field
+
+
 def test_batches_have_the_right_shapes_and_dtypes(device, canonical_device):
     ds = TensorDataset(
         np.zeros((10, 1, 4, 4)),  # float64 features -> float32
@@ -181,10 +190,22 @@ def test_every_sample_exactly_once_per_epoch(n, batch_size, drop_last, shuffle, 
             assert served == list(range(len(served)))
 
 
-@pytest.mark.parametrize("bad", [0, -1, 2.5, True, "4", None])
-def test_bad_batch_size_raises_naming_it(bad):
-    with pytest.raises(ValueError, match=rf"batch_size={bad!r}"):
+@pytest.mark.parametrize("bad, error", [(0, ValueError), (-1, ValueError), (2.5, TypeError), (True, TypeError),
+                                        ("4", TypeError), (None, TypeError)])
+def test_bad_batch_size_raises_naming_it(bad, error):
+    with pytest.raises(error, match=rf"batch_size={bad!r}"):
         DataLoader(labelled(3), batch_size=bad)
+
+
+def test_something_that_is_no_dataset_raises_at_once_naming_it():
+    with pytest.raises(TypeError, match=r"dataset must be a dataset.*got dataset=5 of type int.*__len__"):
+        DataLoader(5)  # used to fail only at the first batch
+
+
+@pytest.mark.parametrize("seed, error", [("abc", TypeError), (1.5, TypeError), (-1, ValueError)])
+def test_bad_seed_raises_naming_it(seed, error):
+    with pytest.raises(error, match=rf"seed must be a whole number.*got seed={seed!r}"):
+        DataLoader(labelled(3), shuffle=True, seed=seed)
 
 
 # -- fast path and generic datasets --------------------------------------------------

@@ -232,6 +232,15 @@ def test_idx_errors_name_the_problem(data, message):
         parse_idx(data)
 
 
+def test_read_idx_errors_name_the_file(tmp_path):
+    (tmp_path / "bad-header").write_bytes(b"\x00\x01\x08\x01" + bytes(4))
+    with pytest.raises(ValueError, match=r"bad-header: not an IDX file: magic number 00010801"):
+        read_idx(tmp_path / "bad-header")
+    (tmp_path / "cut.gz").write_bytes(gzip.compress(idx_bytes(np.zeros(8, dtype=np.uint8)))[:-6])
+    with pytest.raises(ValueError, match=r"cut\.gz: "):
+        read_idx(tmp_path / "cut.gz")
+
+
 def test_read_idx_reads_gzip_and_raw_files(tmp_path):
     images, _ = mnist_arrays(2, seed=3)
     (tmp_path / "raw").write_bytes(idx_bytes(images))
@@ -485,6 +494,15 @@ def test_mnist_rejects_inconsistent_files(tmp_path):
     (tmp_path / "train-images-idx3-ubyte").write_bytes(idx_bytes(images))
     (tmp_path / "train-labels-idx1-ubyte").write_bytes(idx_bytes(labels[:3]))
     with pytest.raises(ValueError, match=r"\(4, 28, 28\).*\(3,\)"):
+        MNIST(root=tmp_path, download=False)
+
+
+def test_mnist_labels_out_of_range_are_named(tmp_path):
+    images, labels = mnist_arrays(4, seed=0)
+    labels[2] = 12
+    (tmp_path / "train-images-idx3-ubyte").write_bytes(idx_bytes(images))
+    (tmp_path / "train-labels-idx1-ubyte").write_bytes(idx_bytes(labels))
+    with pytest.raises(ValueError, match=r"train-labels-idx1-ubyte holds label 12 at index 2 .*0\.\.9"):
         MNIST(root=tmp_path, download=False)
 
 

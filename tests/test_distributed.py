@@ -91,6 +91,18 @@ def test_a_nonfinite_loss_on_another_rank_skips_the_step_everywhere():
     before = [p.numpy() for p in model.parameters()]
     trainer.train_epoch(DataLoader(TensorDataset(X[:8], Y[:8]), batch_size=8))
     assert trainer.skipped_steps == 1 and all(np.array_equal(b, p.numpy()) for b, p in zip(before, model.parameters()))
+    assert strategy.nonfinite_ranks == 1
+
+
+def test_a_nonfinite_loss_on_another_rank_raises_on_every_rank_when_configured():
+    """Under on_nonfinite="raise" a rank whose own loss is finite stops too (it would wait for the others)."""
+    tt.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 3))
+    strategy = DataParallel(FakeRank(size=4, others=np.concatenate([np.zeros(21, np.float32), [2.0]])))
+    trainer = tt.Trainer(model, tt.optim.SGD(model.parameters(), lr=0.1), nn.CrossEntropyLoss(), strategy=strategy,
+                         on_nonfinite="raise")
+    with pytest.raises(FloatingPointError, match=r"loss is not finite on 2 of 4 ranks \(this rank's: [0-9.]+\)"):
+        trainer.train_epoch(DataLoader(TensorDataset(X[:8], Y[:8]), batch_size=8))
 
 
 def test_only_rank_0_writes_checkpoints(tmp_path):

@@ -274,6 +274,7 @@ def test_expectations_say_what_was_expected_and_what_came_out() -> None:
          "the gradient: expected shape (3, 2), got shape (2, 3)"),
         (lambda: expect_close(np.zeros(2), np.zeros(2), "out", dtype="float32"), "out: expected dtype float32, got float64"),
         (lambda: expect_close([1.0, np.nan], [1.0, 2.0], "x"), "1 of 2 differ"),
+        (lambda: expect_close(float("inf"), 1e21, "the norm"), "the norm: expected 1.e+21 (shape (), float64), got inf"),  # a scalar
         (lambda: expect_equal(3, 4, "the step count"), "the step count: expected 4, got 3"),
         (lambda: expect_raises(ValueError, lambda: 5, "Linear(2.5, 3)"), "Linear(2.5, 3): expected ValueError, but it returned 5"),
         (lambda: expect_raises(ValueError, lambda: {}["k"], "f()"), "f(): expected ValueError, got KeyError: 'k'"),

@@ -97,6 +97,14 @@ def test_linear_wrong_width_names_both_shapes(device) -> None:
         nn.Linear(0, 3)
 
 
+@pytest.mark.parametrize("size", [2.5, "4", True])
+def test_linear_size_of_the_wrong_type_raises_naming_it(size) -> None:
+    with pytest.raises(TypeError, match=rf"in_features must be a whole number, got in_features={size!r}"):
+        nn.Linear(size, 3)
+    with pytest.raises(TypeError, match=rf"out_features={size!r}"):
+        nn.Linear(3, size)
+
+
 def test_linear_init_bounds_and_variance() -> None:
     """PyTorch's default: weight and bias from U(-1/sqrt(in), 1/sqrt(in)), variance 1/(3 in)."""
     tt.manual_seed(0)
@@ -248,6 +256,14 @@ def test_dropout_rejects_bad_probability(p) -> None:
     with pytest.raises(ValueError, match=str(p)):
         nn.Dropout(p)
     with pytest.raises(ValueError, match=str(p)):
+        F.dropout(tt.ones(3), p)
+
+
+@pytest.mark.parametrize("p", ["0.5", None])
+def test_dropout_probability_of_the_wrong_type_raises_naming_it(p) -> None:
+    with pytest.raises(TypeError, match=rf"p must be a real number, got p={p!r}"):
+        nn.Dropout(p)
+    with pytest.raises(TypeError, match=rf"p={p!r}"):
         F.dropout(tt.ones(3), p)
 
 

@@ -279,6 +279,32 @@ def test_load_state_dict_reports_every_problem_and_copies_nothing() -> None:
         np.testing.assert_array_equal(value.numpy(), before[key])  # all or nothing
 
 
+def test_load_state_dict_of_a_list_raises_naming_the_argument() -> None:
+    with pytest.raises(TypeError, match=r"state must be a dict.*got state=\[1, 2\] of type list"):
+        make_net().load_state_dict([1, 2])
+
+
+def test_load_state_dict_checks_every_value_before_copying_any() -> None:
+    target = make_net(seed=1)
+    before = {k: v.numpy() for k, v in target.state_dict().items()}
+    state = trained_net("cpu").state_dict()
+    state["head.bias"] = np.array(["a", "b"])  # the right shape, but no numbers: the last key, after all others
+    with pytest.raises(TypeError) as info:
+        target.load_state_dict(state)
+    message = str(info.value)
+    for expected in ("head.bias", "<U1", "(2,)", "float32"):
+        assert expected in message, (expected, message)
+    for key, value in target.state_dict().items():
+        np.testing.assert_array_equal(value.numpy(), before[key])  # nothing was copied
+    state["head.bias"] = [[1.0], [2.0, 3.0]]  # ragged: no array at all
+    with pytest.raises(TypeError, match="head.bias"):
+        target.load_state_dict(state)
+    state["head.bias"] = np.zeros(2)
+    state["block.layers.1.num_batches_tracked"] = np.array(2.5)  # a float into an int64 buffer would truncate
+    with pytest.raises(TypeError, match=r"num_batches_tracked holds float64 values.*int64"):
+        target.load_state_dict(state)
+
+
 def test_load_state_dict_non_strict() -> None:
     target = make_net(seed=1)
     state = trained_net("cpu").state_dict()

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -146,7 +147,6 @@ def test_load_state_dict_refuses_another_schedule_or_bad_settings() -> None:
         (lambda: CosineSchedule(min_lr=-1e-3), "min_lr"),
         (lambda: CosineSchedule(total_epochs=0), "total_epochs"),
         (lambda: CosineSchedule(total_epochs=10, warmup_epochs=10), "warmup_epochs"),
-        (lambda: CosineSchedule(total_epochs=2.5), "total_epochs"),
         (lambda: CosineWarmRestarts(first_cycle=0), "first_cycle"),
         (lambda: CosineWarmRestarts(cycle_mult=0), "cycle_mult"),
         (lambda: StepSchedule(step_size=0), "step_size"),
@@ -159,11 +159,34 @@ def test_bad_settings_raise_naming_the_setting(make, match) -> None:
         make()
 
 
+@pytest.mark.parametrize(
+    "make, match",
+    [
+        (lambda: CosineSchedule(total_epochs=2.5), "total_epochs=2.5"),
+        (lambda: CosineSchedule(max_lr="0.1"), "max_lr='0.1'"),
+        (lambda: StepSchedule(step_size=True), "step_size=True"),
+    ],
+)
+def test_settings_of_the_wrong_type_raise_naming_the_setting(make, match) -> None:
+    with pytest.raises(TypeError, match=match):
+        make()
+
+
 @pytest.mark.parametrize("schedule", ALL, ids=lambda s: type(s).__name__)
-def test_bad_epochs_raise(schedule) -> None:
-    with pytest.raises(ValueError, match="-1"):
+def test_bad_epochs_raise_naming_the_epoch(schedule) -> None:
+    with pytest.raises(ValueError, match=r"epoch must be a whole number >= 0, got epoch=-1"):
         schedule.get_lr(-1)
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError, match=r"epoch must be a whole number, got epoch=1\.5"):
         schedule.get_lr(1.5)
-    with pytest.raises(TypeError):
-        schedule.get_lr(True)
+    with pytest.raises(TypeError, match=r"epoch=True"):
+        schedule(True)
+
+
+def test_every_subclass_gets_a_checked_epoch() -> None:
+    class Halving(tt.schedules.Schedule):  # a schedule of one's own, which checks nothing itself
+        def get_lr(self, epoch):
+            return 0.5**epoch
+
+    assert Halving().get_lr(2) == 0.25 and Halving()(np.int64(1)) == 0.5
+    with pytest.raises(TypeError, match=r"epoch=1\.5"):
+        Halving().get_lr(1.5)

@@ -305,6 +305,19 @@ def test_manual_seed_reproducible(device, name):
     assert not np.array_equal(a, c)
 
 
+def test_a_fractional_size_raises_naming_it():
+    with pytest.raises(TypeError, match=r"shape\[0\] must be a whole number, got shape\[0\]=2\.5"):
+        tt.randn(2.5, 3)  # int(2.5) used to make it a (2, 3) tensor without a word
+    with pytest.raises(TypeError, match=r"shape\[1\]=1\.5"):
+        tt.zeros(4).reshape(2, 1.5)
+
+
+def test_a_negative_size_raises_naming_it():
+    with pytest.raises(ValueError, match=r"shape\[0\] must be a whole number >= 0, got shape\[0\]=-1"):
+        tt.zeros(-1, 3)
+    assert tt.zeros(6).reshape(-1, 3).shape == (2, 3), "reshape's -1 still means the size that fits"
+
+
 @pytest.mark.parametrize(
     "args, expected",
     [((0, 5, 2), [0, 2, 4]), ((5,), [0, 1, 2, 3, 4]), ((2, 5), [2, 3, 4]), ((0, 1, 0.25), [0, 0.25, 0.5, 0.75])],
@@ -342,6 +355,12 @@ def test_concatenate(device, axis):
 def test_concatenate_default_axis(device):
     t = tt.concatenate([tt.tensor([1.0], device=device), tt.tensor([2.0, 3.0], device=device)])
     assert_values(t, [1.0, 2.0, 3.0])
+
+
+@pytest.mark.parametrize("name", ["stack", "concatenate"])
+def test_joining_no_tensors_raises_naming_the_argument(name):
+    with pytest.raises(ValueError, match=rf"{name} needs at least one tensor, got tensors=\[\]"):
+        getattr(tt, name)([])
 
 
 def test_where(device):

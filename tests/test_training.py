@@ -152,11 +152,11 @@ def test_reported_loss_is_the_mean_per_sample_not_per_batch() -> None:
     assert trainer.history["train_loss"] == [loss]
 
 
-@pytest.mark.parametrize("k", [0, -1, 1.5, True])
-def test_bad_accumulation_steps(k) -> None:
+@pytest.mark.parametrize("k, error", [(0, ValueError), (-1, ValueError), (1.5, TypeError), (True, TypeError)])
+def test_bad_accumulation_steps(k, error) -> None:
     model = make_model()
     trainer = Trainer(model, tt.SGD(model.parameters(), lr=0.1), nn.CrossEntropyLoss())
-    with pytest.raises(ValueError, match="accumulation_steps"):
+    with pytest.raises(error, match=rf"accumulation_steps={k!r}"):
         trainer.train_epoch(DataLoader(dataset(10), batch_size=5), accumulation_steps=k)
 
 
@@ -270,6 +270,20 @@ def test_bad_trainer_settings(kwargs, match: str) -> None:
         Trainer(model, tt.SGD(model.parameters(), lr=0.1), nn.CrossEntropyLoss(), **kwargs)
 
 
+@pytest.mark.parametrize("position, value, match", [
+    (0, "mlp", r"model must be a model.*got model='mlp' of type str"),
+    (1, "sgd", r"optimizer must be an optimizer.*got optimizer='sgd' of type str, which has no step"),
+    (2, "cross_entropy", r"loss_fn must be a loss function.*got loss_fn='cross_entropy' of type str"),
+    (3, "cosine", r"scheduler must be None or a schedule.*got scheduler='cosine'.*get_lr"),
+])
+def test_a_trainer_part_of_the_wrong_kind_raises_naming_it(position, value, match) -> None:
+    model = make_model()
+    parts = [model, tt.SGD(model.parameters(), lr=0.1), nn.CrossEntropyLoss(), None]
+    parts[position] = value
+    with pytest.raises(TypeError, match=match):
+        Trainer(*parts)
+
+
 def test_clipping_logs_the_mean_pre_clip_norm(monkeypatch) -> None:
     norms = []
 
@@ -369,11 +383,29 @@ def test_fit_trains_until_epoch_equals_epochs_and_records_history() -> None:
     assert all(len(history[key]) == 3 for key in tt.training.HISTORY_KEYS)
     trainer.fit(train, val, epochs=5, progress=False)
     assert trainer.epoch == 5 and len(history["eval_loss"]) == 5
-    trainer.fit(train, val, epochs=2, progress=False)
+    with pytest.warns(UserWarning, match=r"at epoch 5, past the target 2; nothing to train"):
+        trainer.fit(train, val, epochs=2, progress=False)
     assert trainer.epoch == 5, "fit(epochs=n) trains until epoch == n, never back"
     assert history["train_loss"][-1] < history["train_loss"][0]
     with pytest.raises(ValueError, match="epochs"):
         trainer.fit(train, epochs=-1)
+
+
+@pytest.mark.parametrize("arguments, match", [
+    ({"train_loader": None}, r"train_loader must be a data loader.*got train_loader=None"),
+    ({"val_loader": 3}, r"val_loader must be a data loader.*got val_loader=3"),
+    ({"callbacks": [object()]}, r"callbacks\[0\] must be a callback.*got callbacks\[0\]=<object object.*on_fit_begin"),
+    ({"callbacks": tt.callbacks.Callback()}, r"callbacks must be a list of callbacks"),
+    ({"epochs": 2.0}, r"epochs must be a whole number, got epochs=2\.0"),
+])
+def test_fit_checks_its_arguments_before_anything_runs(arguments, match) -> None:
+    model = make_model()
+    trainer = Trainer(model, tt.SGD(model.parameters(), lr=0.1), nn.CrossEntropyLoss())
+    before = weights(model)
+    with pytest.raises(TypeError, match=match):
+        trainer.fit(**{"train_loader": DataLoader(dataset(10), batch_size=5), "progress": False, **arguments})
+    assert trainer.epoch == 0 and trainer.history["train_loss"] == []
+    assert_close(weights(model), before, atol=0)
 
 
 def test_a_callback_can_stop_fit() -> None:
@@ -469,3 +501,61 @@ def test_plot_history_draws_three_panels_and_saves(tmp_path) -> None:
     import matplotlib.pyplot as plt
 
     plt.close("all")
+
+
+def test_clip_returns_the_true_norm_of_large_finite_gradients() -> None:
+    """100 float32 gradients of 1e20: the float32 sum of squares (1e42) overflows, the norm 1e21 does not."""
+    p = tt.zeros(100, requires_grad=True)
+    p.grad = tt.tensor(np.full(100, 1e20, np.float32))
+    assert clip_grad_norm([p], 1.0) == pytest.approx(1e21, rel=1e-6)
+    np.testing.assert_allclose(p.grad.numpy(), 0.1, rtol=1e-5)
+    p.grad = tt.tensor(np.r_[np.full(99, 1e20), np.inf].astype(np.float32))
+    assert clip_grad_norm([p], 1.0) == math.inf, "an inf gradient still gives inf"
+
+
+def test_clip_takes_a_single_tensor() -> None:
+    p = tt.zeros((2, 2), requires_grad=True)
+    p.grad = tt.tensor([[3.0, 0.0], [0.0, 4.0]])
+    assert clip_grad_norm(p, 1.0) == pytest.approx(5.0)
+    np.testing.assert_allclose(p.grad.numpy(), [[0.6, 0.0], [0.0, 0.8]], rtol=1e-5)
+
+
+def batchnorm_model() -> nn.Module:
+    tt.manual_seed(0)
+    return nn.Sequential(nn.Linear(6, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, 3))
+
+
+def running_statistics(model: nn.Module) -> dict[str, np.ndarray]:
+    return {key: value.numpy().copy() for key, value in model.state_dict().items() if "running" in key}
+
+
+@pytest.mark.filterwarnings("ignore:.*encountered:RuntimeWarning")
+def test_a_skipped_step_leaves_batchnorm_running_statistics_as_they_were() -> None:
+    spoiled = FEATURES[:100].copy()
+    spoiled[25:50] = np.nan  # the second batch: its forward pass would put nan into the statistics
+    model = batchnorm_model()
+    trainer = Trainer(model, tt.SGD(model.parameters(), lr=0.1), nn.CrossEntropyLoss())
+    trainer.train_epoch(DataLoader(TensorDataset(spoiled, LABELS[:100]), batch_size=25))
+    assert trainer.skipped_steps == 1 and trainer.step == 3
+    # the same statistics and weights as a run that never saw that batch
+    reference = batchnorm_model()
+    keep = np.r_[0:25, 50:100]
+    Trainer(reference, tt.SGD(reference.parameters(), lr=0.1), nn.CrossEntropyLoss()).train_epoch(
+        DataLoader(TensorDataset(FEATURES[keep], LABELS[keep]), batch_size=25))
+    assert running_statistics(model).keys() == running_statistics(reference).keys() != set()
+    for key, value in reference.state_dict().items():
+        np.testing.assert_allclose(model.state_dict()[key].numpy(), value.numpy(), rtol=1e-5, atol=1e-6, err_msg=key)
+
+
+@pytest.mark.filterwarnings("ignore:.*encountered:RuntimeWarning")
+def test_a_step_that_raises_leaves_batchnorm_running_statistics_as_they_were() -> None:
+    model = batchnorm_model()
+    trainer = Trainer(model, tt.SGD(model.parameters(), lr=0.1), nn.CrossEntropyLoss(), on_nonfinite="raise")
+    trainer.train_epoch(DataLoader(TensorDataset(FEATURES[:25], LABELS[:25]), batch_size=25))
+    before = running_statistics(model)
+    spoiled = FEATURES[:25].copy()
+    spoiled[3] = np.nan
+    with pytest.raises(FloatingPointError, match="loss is nan"):
+        trainer.train_epoch(DataLoader(TensorDataset(spoiled, LABELS[:25]), batch_size=25))
+    for key, value in before.items():
+        np.testing.assert_array_equal(running_statistics(model)[key], value, err_msg=key)

@@ -17,6 +17,9 @@ from tinytrain.autograd import Function
 from tinytrain.tensor import Tensor
 
 PRECISIONS = ("32-true", "16-mixed")
+# Below float16's smallest step (2**-24) the scaled gradients are zero or still overflow: the run
+# is dead, and halving on would reach 0.0 (then 1 / scale fails) after about 1,100 more steps.
+MIN_LOSS_SCALE = 2.0 ** -24
 
 
 class GradScaler:
@@ -163,6 +166,12 @@ class MixedPrecision:
         self._to_master()
         found_inf = self.scaler.unscale_(parameters)
         self.scaler.update(found_inf)
+        if self.scaler.scale < MIN_LOSS_SCALE:
+            raise FloatingPointError(
+                f"precision='16-mixed': the loss scale fell to {self.scaler.scale:g} after "
+                f"{self.scaler.skipped_steps} skipped steps: the gradients are inf or nan at any scale, so "
+                "the model itself overflows (lower the learning rate, clip the gradients, or check the data)"
+            )
         return not found_inf
 
     def state_dict(self) -> dict:

@@ -125,7 +125,8 @@ class DataParallel:
 
     ``setup`` sends rank 0's parameters and buffers to every rank;
     ``before_step`` averages the gradients over the ranks and says whether every
-    rank's loss was finite (so all ranks take or skip a step together). Only rank
+    rank's loss was finite (so all ranks take or skip a step together; how many
+    were not is kept in ``nonfinite_ranks``). Only rank
     0 is a writer (``is_writer``): the Trainer saves checkpoints there only.
     """
 
@@ -135,6 +136,7 @@ class DataParallel:
         self.comm = _communicator(comm)
         self.rank, self.world_size = self.comm.Get_rank(), self.comm.Get_size()
         self.is_writer = self.rank == 0
+        self.nonfinite_ranks = 0  # at the last step: the Trainer skips (or raises) on every rank alike
 
     def setup(self, trainer: Any) -> None:
         self.broadcast(trainer.model)
@@ -148,8 +150,8 @@ class DataParallel:
             t.data[...] = t._backend.from_host(host)
 
     def before_step(self, parameters: list[Tensor], loss: float) -> bool:
-        bad_ranks = average_gradients(parameters, self.comm, 0.0 if math.isfinite(loss) else 1.0)
-        return bad_ranks == 0
+        self.nonfinite_ranks = round(average_gradients(parameters, self.comm, 0.0 if math.isfinite(loss) else 1.0))
+        return self.nonfinite_ranks == 0
 
     def state_dict(self) -> dict:
         return {"world_size": self.world_size}

@@ -17,29 +17,9 @@ from typing import Any, Iterable
 
 import numpy as np
 
+from tinytrain.arguments import check_number, check_type
 from tinytrain.backend import memory_order
 from tinytrain.tensor import Tensor
-
-
-def _real(name: str, value: Any) -> float:
-    """``value`` as a Python float, so it never promotes float32 math to float64."""
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
-        raise TypeError(f"{name} must be a real number, got {name}={value!r} of type {type(value).__name__}")
-    return float(value)
-
-
-def _positive(name: str, value: Any) -> float:
-    value = _real(name, value)
-    if not 0 < value < math.inf:  # also refuses NaN
-        raise ValueError(f"{name} must be a finite number > 0, got {name}={value!r}")
-    return value
-
-
-def _non_negative(name: str, value: Any) -> float:
-    value = _real(name, value)
-    if not 0 <= value < math.inf:
-        raise ValueError(f"{name} must be a finite number >= 0, got {name}={value!r}")
-    return value
 
 
 def _parameter_list(params: Iterable[Tensor]) -> list[Tensor]:
@@ -101,7 +81,7 @@ class Optimizer:
 
     @lr.setter
     def lr(self, value: float) -> None:
-        self._lr = _positive("lr", value)
+        self._lr = check_number("lr", value, above=0)  # a Python float: it never promotes float32 math to float64
 
     def _configure(self, **hyperparameters: Any) -> None:
         """Validate and store the hyperparameters (all, or none when one is invalid)."""
@@ -259,11 +239,10 @@ class SGD(Optimizer):
         self._configure(lr=lr, momentum=momentum, nesterov=nesterov, weight_decay=weight_decay)
 
     def _configure(self, lr: float, momentum: float, nesterov: bool, weight_decay: float) -> None:
-        lr = _positive("lr", lr)
-        momentum = _non_negative("momentum", momentum)
-        weight_decay = _non_negative("weight_decay", weight_decay)
-        if not isinstance(nesterov, (bool, np.bool_)):
-            raise TypeError(f"nesterov must be True or False, got nesterov={nesterov!r}")
+        lr = check_number("lr", lr, above=0)
+        momentum = check_number("momentum", momentum, minimum=0)
+        weight_decay = check_number("weight_decay", weight_decay, minimum=0)
+        check_type("nesterov", nesterov, (bool, np.bool_), "True or False")
         if nesterov and momentum == 0:
             raise ValueError(f"nesterov=True needs momentum > 0, got momentum={momentum!r}")
         self.lr, self.momentum, self.nesterov, self.weight_decay = lr, momentum, bool(nesterov), weight_decay
@@ -320,15 +299,13 @@ class Adam(Optimizer):
         self._configure(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
 
     def _configure(self, lr: float, betas: tuple[float, float], eps: float, weight_decay: float) -> None:
-        lr = _positive("lr", lr)
+        lr = check_number("lr", lr, above=0)
         if not isinstance(betas, (tuple, list)) or len(betas) != 2:
             raise ValueError(f"betas must be a pair (beta1, beta2), got betas={betas!r}")
-        for i, beta in enumerate(betas):
-            if not 0 <= _real(f"betas[{i}]", beta) < 1:
-                raise ValueError(f"betas[{i}] must be in [0, 1), got betas={tuple(betas)!r}")
-        eps = _positive("eps", eps)
-        weight_decay = _non_negative("weight_decay", weight_decay)
-        self.lr, self.betas, self.eps, self.weight_decay = lr, (float(betas[0]), float(betas[1])), eps, weight_decay
+        betas = tuple(check_number(f"betas[{i}]", beta, minimum=0, below=1) for i, beta in enumerate(betas))
+        eps = check_number("eps", eps, above=0)
+        weight_decay = check_number("weight_decay", weight_decay, minimum=0)
+        self.lr, self.betas, self.eps, self.weight_decay = lr, betas, eps, weight_decay
 
     def init_state(self, param: Any, xp: Any) -> dict[str, Any]:
         return {"step": 0, "exp_avg": xp.zeros_like(param), "exp_avg_sq": xp.zeros_like(param)}

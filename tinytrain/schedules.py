@@ -6,37 +6,38 @@ Epochs count from 0. :class:`~tinytrain.training.Trainer` sets the optimizer's
 rate to ``get_lr(epoch)`` at the *start* of each epoch. A schedule is a pure
 function of the epoch and its settings, so ``state_dict()`` holds the settings.
 """
+import functools
 import math
-import operator
 from typing import Any
 
-
-def _epoch_index(epoch: int) -> int:
-    """``epoch`` as a non-negative int; raises for floats, bools and negatives."""
-    if isinstance(epoch, bool):
-        raise TypeError(f"an epoch is a whole number, got {epoch!r}")
-    epoch = operator.index(epoch)  # TypeError for 1.5
-    if epoch < 0:
-        raise ValueError(f"epochs count from 0, got epoch {epoch}")
-    return epoch
+from tinytrain.arguments import check_int, check_number
 
 
-def _positive(name: str, value: float) -> float:
-    if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
-        raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
-    return float(value)
-
-
-def _count(name: str, value: int, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{name} must be a whole number >= {minimum}, got {value!r}")
-    return value
+def _min_lr(min_lr: float, max_lr: float) -> float:
+    """``min_lr`` as a float in [0, max_lr]."""
+    min_lr = check_number("min_lr", min_lr, minimum=0)
+    if min_lr > max_lr:
+        raise ValueError(f"min_lr must be in [0, max_lr={max_lr}], got min_lr={min_lr}")
+    return min_lr
 
 
 class Schedule:
     """Base class. A subclass stores its ``__init__`` arguments as attributes of
     the same names and defines ``get_lr``; ``state_dict`` and ``load_state_dict``
-    come for free."""
+    come for free, and so does the check of the epoch: every subclass's ``get_lr``
+    gets a whole number >= 0 (anything else raises, naming the epoch)."""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        # Wrap the subclass's own get_lr, so that no schedule answers for epoch 1.5 or -1.
+        super().__init_subclass__(**kwargs)
+        if "get_lr" in vars(cls):
+            get_lr = cls.get_lr
+
+            @functools.wraps(get_lr)
+            def checked_get_lr(self: "Schedule", epoch: int) -> float:
+                return get_lr(self, check_int("epoch", epoch, minimum=0))
+
+            cls.get_lr = checked_get_lr
 
     def get_lr(self, epoch: int) -> float:
         raise NotImplementedError(f"{type(self).__name__} must define get_lr(epoch)")
@@ -68,18 +69,16 @@ class CosineSchedule(Schedule):
 
     def __init__(self, max_lr: float = 0.1, min_lr: float = 0.01, total_epochs: int = 100,
                  warmup_epochs: int = 0) -> None:
-        self.max_lr = _positive("max_lr", max_lr)
-        if not (isinstance(min_lr, (int, float)) and 0 <= min_lr <= max_lr):
-            raise ValueError(f"min_lr must be in [0, max_lr={max_lr}], got {min_lr!r}")
-        self.min_lr = float(min_lr)
-        self.total_epochs = _count("total_epochs", total_epochs, 1)
-        self.warmup_epochs = _count("warmup_epochs", warmup_epochs, 0)
+        self.max_lr = check_number("max_lr", max_lr, above=0)
+        self.min_lr = _min_lr(min_lr, self.max_lr)
+        self.total_epochs = check_int("total_epochs", total_epochs, minimum=1)
+        self.warmup_epochs = check_int("warmup_epochs", warmup_epochs, minimum=0)
         if warmup_epochs >= total_epochs:
             raise ValueError(f"warmup_epochs ({warmup_epochs}) must be less than total_epochs ({total_epochs})")
 
     def get_lr(self, epoch: int) -> float:
-        """The rate for epoch ``epoch`` (0-based): warmup ramp, cosine, then ``min_lr``."""
-        epoch = _epoch_index(epoch)
+        """The rate for epoch ``epoch`` (0-based, a whole number: ``Schedule`` checks it):
+        warmup ramp, cosine, then ``min_lr``."""
         warmup, total = self.warmup_epochs, self.total_epochs
         if epoch < warmup:
             return self.max_lr * (epoch + 1) / (warmup + 1)
@@ -94,15 +93,12 @@ class CosineWarmRestarts(Schedule):
     ``first_cycle * cycle_mult**i`` epochs and starts again at ``max_lr``."""
 
     def __init__(self, max_lr: float = 0.1, min_lr: float = 0.0, first_cycle: int = 10, cycle_mult: int = 1) -> None:
-        self.max_lr = _positive("max_lr", max_lr)
-        if not (isinstance(min_lr, (int, float)) and 0 <= min_lr <= max_lr):
-            raise ValueError(f"min_lr must be in [0, max_lr={max_lr}], got {min_lr!r}")
-        self.min_lr = float(min_lr)
-        self.first_cycle = _count("first_cycle", first_cycle, 1)
-        self.cycle_mult = _count("cycle_mult", cycle_mult, 1)
+        self.max_lr = check_number("max_lr", max_lr, above=0)
+        self.min_lr = _min_lr(min_lr, self.max_lr)
+        self.first_cycle = check_int("first_cycle", first_cycle, minimum=1)
+        self.cycle_mult = check_int("cycle_mult", cycle_mult, minimum=1)
 
     def get_lr(self, epoch: int) -> float:
-        epoch = _epoch_index(epoch)
         length = self.first_cycle
         if self.cycle_mult == 1:
             since_restart = epoch % length
@@ -118,34 +114,34 @@ class StepSchedule(Schedule):
     """``lr * gamma ** (epoch // step_size)``: a drop by ``gamma`` every ``step_size`` epochs."""
 
     def __init__(self, lr: float = 0.1, step_size: int = 30, gamma: float = 0.1) -> None:
-        self.lr = _positive("lr", lr)
-        self.step_size = _count("step_size", step_size, 1)
-        self.gamma = _positive("gamma", gamma)
+        self.lr = check_number("lr", lr, above=0)
+        self.step_size = check_int("step_size", step_size, minimum=1)
+        self.gamma = check_number("gamma", gamma, above=0)
 
     def get_lr(self, epoch: int) -> float:
-        return self.lr * self.gamma ** (_epoch_index(epoch) // self.step_size)
+        return self.lr * self.gamma ** (epoch // self.step_size)
 
 
 class ExponentialSchedule(Schedule):
     """``lr * gamma ** epoch``."""
 
     def __init__(self, lr: float = 0.1, gamma: float = 0.95) -> None:
-        self.lr = _positive("lr", lr)
-        self.gamma = _positive("gamma", gamma)
+        self.lr = check_number("lr", lr, above=0)
+        self.gamma = check_number("gamma", gamma, above=0)
 
     def get_lr(self, epoch: int) -> float:
-        return self.lr * self.gamma ** _epoch_index(epoch)
+        return self.lr * self.gamma ** epoch
 
 
 class InverseSqrtSchedule(Schedule):
     """Linear warmup to ``max_lr`` at epoch ``warmup_epochs``, then ``max_lr * sqrt((W + 1) / (epoch + 1))``."""
 
     def __init__(self, max_lr: float = 0.1, warmup_epochs: int = 0) -> None:
-        self.max_lr = _positive("max_lr", max_lr)
-        self.warmup_epochs = _count("warmup_epochs", warmup_epochs, 0)
+        self.max_lr = check_number("max_lr", max_lr, above=0)
+        self.warmup_epochs = check_int("warmup_epochs", warmup_epochs, minimum=0)
 
     def get_lr(self, epoch: int) -> float:
-        epoch, warmup = _epoch_index(epoch), self.warmup_epochs
+        warmup = self.warmup_epochs
         if epoch < warmup:
             return self.max_lr * (epoch + 1) / (warmup + 1)
         return self.max_lr * math.sqrt((warmup + 1) / (epoch + 1))

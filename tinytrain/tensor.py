@@ -11,6 +11,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from tinytrain import autograd, ops
+from tinytrain.arguments import check_int
 from tinytrain.backend import DEFAULT_FLOAT, Backend, backend_of_array, get_backend
 
 float16 = np.dtype("float16")
@@ -33,11 +34,12 @@ def default_dtype(dtype: np.dtype) -> np.dtype:
 Shape = tuple[int, ...]
 
 
-def _shape_arg(shape: tuple) -> Shape:
-    """Accept both ``f(2, 3)`` and ``f((2, 3))``."""
+def _shape_arg(shape: tuple, name: str = "shape", minimum: int | None = 0) -> Shape:
+    """Accept both ``f(2, 3)`` and ``f((2, 3))``; every entry a whole number >= ``minimum``
+    (``int(2.5)`` would make a shape of 2.5 a shape of 2 without a word)."""
     if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
         shape = tuple(shape[0])
-    return tuple(int(n) for n in shape)
+    return tuple(check_int(f"{name}[{i}]", n, minimum) for i, n in enumerate(shape))
 
 
 def _axes_arg(axis: int | Sequence[int] | None, ndim: int) -> tuple[int, ...] | None:
@@ -285,11 +287,11 @@ class Tensor:
 
     # -- shape -------------------------------------------------------------------------
     def reshape(self, *shape: Any) -> "Tensor":
-        return ops.Reshape.apply(self, shape=_shape_arg(shape))
+        return ops.Reshape.apply(self, shape=_shape_arg(shape, minimum=-1))  # -1: the size that fits
 
     def transpose(self, *axes: Any) -> "Tensor":
         """Permute axes like ``numpy.transpose``; no arguments reverses them."""
-        axes = _shape_arg(axes) if axes else tuple(reversed(range(self.ndim)))
+        axes = _shape_arg(axes, "axes", minimum=None) if axes else tuple(reversed(range(self.ndim)))
         return ops.Transpose.apply(self, axes=axes)
 
     @property
@@ -376,27 +378,31 @@ def tensor(data: Any, requires_grad: bool = False, dtype: Any = None, device: An
     return Tensor(data, requires_grad=requires_grad, dtype=dtype, device=device)
 
 
-def _filled(fill: Any, shape: tuple, dtype: Any, device: Any, requires_grad: bool) -> Tensor:
-    """A tensor of ``shape`` whose array ``fill(backend, shape, dtype)`` makes."""
+def _filled(fill: Any, shape: Shape, dtype: Any, device: Any, requires_grad: bool) -> Tensor:
+    """A tensor of ``shape`` (a tuple, from ``_shape_arg``) whose array ``fill(backend, shape, dtype)`` makes."""
     backend = get_backend(device)
     dtype = DEFAULT_FLOAT if dtype is None else np.dtype(dtype)
-    array = fill(backend, _shape_arg(shape), dtype)
+    array = fill(backend, shape, dtype)
     return Tensor._make(array, backend).requires_grad_(requires_grad)
 
 
 def zeros(*shape: Any, dtype: Any = None, device: Any = None, requires_grad: bool = False) -> Tensor:
+    shape = _shape_arg(shape)
     return _filled(lambda b, s, d: b.xp.zeros(s, dtype=d), shape, dtype, device, requires_grad)
 
 
 def ones(*shape: Any, dtype: Any = None, device: Any = None, requires_grad: bool = False) -> Tensor:
+    shape = _shape_arg(shape)
     return _filled(lambda b, s, d: b.xp.ones(s, dtype=d), shape, dtype, device, requires_grad)
 
 
 def randn(*shape: Any, dtype: Any = None, device: Any = None, requires_grad: bool = False) -> Tensor:
+    shape = _shape_arg(shape)
     return _filled(lambda b, s, d: b.random_normal(s, d), shape, dtype, device, requires_grad)
 
 
 def rand(*shape: Any, dtype: Any = None, device: Any = None, requires_grad: bool = False) -> Tensor:
+    shape = _shape_arg(shape)
     return _filled(lambda b, s, d: b.random_uniform(s, d), shape, dtype, device, requires_grad)
 
 
@@ -407,15 +413,23 @@ def arange(start: float, stop: float | None = None, step: float = 1, dtype: Any 
     return Tensor(array, dtype=dtype)
 
 
+def _some_tensors(function: str, tensors: Sequence[Tensor]) -> list[Tensor]:
+    """``tensors`` as a list, which must not be empty: its first tensor picks the device."""
+    tensors = list(tensors)
+    if not tensors:
+        raise ValueError(f"{function} needs at least one tensor, got tensors={tensors!r}")
+    return tensors
+
+
 def stack(tensors: Sequence[Tensor], axis: int = 0) -> Tensor:
     """Join same-shaped tensors along a new axis."""
-    first, *rest = tensors
+    first, *rest = _some_tensors("stack", tensors)
     return ops.Stack.apply(first, *(first._operand(t) for t in rest), axis=axis)
 
 
 def concatenate(tensors: Sequence[Tensor], axis: int = 0) -> Tensor:
     """Join tensors along an existing axis."""
-    first, *rest = tensors
+    first, *rest = _some_tensors("concatenate", tensors)
     return ops.Concatenate.apply(first, *(first._operand(t) for t in rest), axis=axis)
 
 

@@ -10,8 +10,12 @@ callbacks from ``fit``, and saves and restores its complete state in checkpoints
 import math
 import sys
 import time
+import warnings
 from typing import Any, Iterable, Iterator, Sequence
 
+import numpy as np
+
+from tinytrain.arguments import check_callable, check_int, check_methods, check_number, check_type
 from tinytrain.autograd import no_grad
 from tinytrain.resume import Resumable, callback_keys
 from tinytrain.tensor import Tensor
@@ -24,20 +28,29 @@ def clip_grad_norm(parameters: Iterable[Tensor], max_norm: float = 1.0, error_if
     parameters that have a gradient (the others are skipped). When it exceeds
     ``max_norm``, every gradient is multiplied in place by ``max_norm / (norm + 1e-6)``,
     which keeps the direction. Returns the norm *before* clipping, as a float.
+    The norm of finite gradients is finite: float32 squares overflow above about
+    1.8e19, so add the squares up in float64 (or, faster, add them in the
+    gradients' dtype and do it again in float64 when that sum is ``inf``).
     A non-finite norm leaves the gradients untouched (the caller must not take
     the step) or, with ``error_if_nonfinite=True``, raises ``FloatingPointError``
     whose message gives the norm (``inf`` or ``nan``).
+    ``parameters`` may also be a single tensor.
     """
     if not (isinstance(max_norm, (int, float)) and max_norm > 0):
         raise ValueError(f"max_norm must be a number > 0, got {max_norm!r}")
+    if isinstance(parameters, Tensor):  # one tensor, not an iterable of its rows
+        parameters = [parameters]
     grads = [p.grad for p in parameters if p.grad is not None]
     by_device: dict[Any, list] = {}
     for grad in grads:
         by_device.setdefault(grad._backend, []).append(grad.data)
     total = 0.0
     for backend, arrays in by_device.items():
-        squares = sum(backend.xp.vdot(a, a) for a in arrays)  # vdot flattens: no temporary arrays
-        total += float(backend.to_host(squares))  # one host transfer per device
+        squares = float(backend.to_host(sum(backend.xp.vdot(a, a) for a in arrays)))  # vdot: no temporaries
+        if math.isinf(squares):  # overflowed in float32, or a gradient is inf: float64 tells which
+            wide = [a.astype(np.float64) for a in arrays]
+            squares = float(backend.to_host(sum(backend.xp.vdot(a, a) for a in wide)))
+        total += squares  # one host transfer per device (two after an overflow)
     norm = math.sqrt(total)
     if not math.isfinite(norm):
         if error_if_nonfinite:
@@ -59,6 +72,14 @@ def _pair(batch: Any) -> tuple[Tensor, Tensor]:
         kind = f"a {len(batch)}-tuple" if isinstance(batch, (tuple, list)) else type(batch).__name__
         raise TypeError(f"the Trainer needs batches of (inputs, targets), got {kind}")
     return batch
+
+
+def _check_loader(name: str, loader: Any) -> None:
+    """Raise ``TypeError`` naming ``name`` unless ``loader`` can be iterated (``fit(None)`` fails here)."""
+    check_methods(name, loader, ("__iter__",), "a data loader: an iterable of (inputs, targets) batches")
+
+
+_CALLBACK_HOOKS = ("on_fit_begin", "on_epoch_end", "on_checkpoint", "on_fit_end")  # what fit calls
 
 
 def _windows(batches: Iterable[Any], size: int) -> Iterator[list]:
@@ -136,8 +157,13 @@ class Trainer(Resumable):
     def __init__(self, model: Any, optimizer: Any, loss_fn: Any, scheduler: Any = None,
                  grad_clip_norm: float | None = None, on_nonfinite: str = "skip", precision: str = "32-true",
                  strategy: Any = None) -> None:
-        if grad_clip_norm is not None and not (isinstance(grad_clip_norm, (int, float)) and grad_clip_norm > 0):
-            raise ValueError(f"grad_clip_norm must be None or a number > 0, got {grad_clip_norm!r}")
+        check_methods("model", model, ("__call__", "parameters"), "a model, such as nn.Sequential(...)")
+        check_methods("optimizer", optimizer, ("step",), "an optimizer, such as tt.SGD(model.parameters(), lr=0.1)")
+        check_callable("loss_fn", loss_fn, "a loss function or module, such as nn.CrossEntropyLoss()")
+        if scheduler is not None:
+            check_methods("scheduler", scheduler, ("get_lr",), "None or a schedule, such as tt.CosineSchedule()")
+        if grad_clip_norm is not None:  # inf: measure the norm (and skip non-finite steps), never clip
+            grad_clip_norm = check_number("grad_clip_norm", grad_clip_norm, above=0, finite=False)
         if on_nonfinite not in ("skip", "raise"):
             raise ValueError(f"on_nonfinite must be 'skip' or 'raise', got {on_nonfinite!r}")
         self.model, self.optimizer, self.loss_fn, self.scheduler = model, optimizer, loss_fn, scheduler
@@ -182,12 +208,22 @@ class Trainer(Resumable):
 
         Given. Module 13's plugins go first: mixed precision unscales the float16
         gradients, data parallelism averages them over the ranks, and either may
-        veto the step (an overflow, a non-finite loss on another rank). Then
-        :meth:`_clip_and_step`.
+        veto the step. A non-finite loss (on this rank or another) is handled by
+        :meth:`_skip` like any other, so ``on_nonfinite="raise"`` raises; a float16
+        overflow of finite losses is part of loss scaling and is only counted.
+        Then :meth:`_clip_and_step`.
         """
-        if self._plugins and not all([plugin.before_step(parameters, loss) for plugin in self._plugins]):
-            self.skipped_steps += 1
-            return False
+        if self._plugins:
+            allowed = [plugin.before_step(parameters, loss) for plugin in self._plugins]  # all: collective calls
+            bad_ranks = getattr(self.strategy, "nonfinite_ranks", 0)
+            if bad_ranks:  # every rank decides alike, so none waits for the others at the next step
+                return self._skip(f"the loss is not finite on {bad_ranks} of {self.strategy.world_size} ranks "
+                                  f"(this rank's: {loss})")
+            if not math.isfinite(loss):
+                return self._skip(f"the loss is {loss}")
+            if not all(allowed):  # a float16 overflow: the loss scale backs off, this step is dropped
+                self.skipped_steps += 1
+                return False
         return self._clip_and_step(parameters, loss, norms)
 
     def _clip_and_step(self, parameters: list[Tensor], loss: float, norms: list[float]) -> bool:
@@ -228,10 +264,12 @@ class Trainer(Resumable):
         model in training mode. Then, for each window of ``accumulation_steps``
         consecutive batches (the last window may be shorter), one optimizer step
         on the gradient of the mean loss over all samples of the window
-        (:meth:`_accumulate`, then :meth:`_take_step`).
+        (:meth:`_accumulate`, then :meth:`_take_step`). A skipped step changes
+        nothing: the model's buffers (BatchNorm's running statistics) are put
+        back as they were before its window.
         """
-        if isinstance(accumulation_steps, bool) or not isinstance(accumulation_steps, int) or accumulation_steps < 1:
-            raise ValueError(f"accumulation_steps must be a whole number >= 1, got {accumulation_steps!r}")
+        _check_loader("dataloader", dataloader)
+        check_int("accumulation_steps", accumulation_steps, minimum=1)
         self._use_loader("train", dataloader)
         if self.scheduler is not None:
             self.optimizer.lr = self.scheduler.get_lr(self.epoch)
@@ -239,11 +277,20 @@ class Trainer(Resumable):
         self.model.train()
         parameters = self.model.parameters()
         batches = _progress(dataloader, progress, desc=f"epoch {self.epoch + 1}", leave=False, unit="batch")
+        buffers = [buffer for buffer in self.model.buffers() if buffer is not None]
         loss_sum, samples, windows, skipped_before, norms = 0.0, 0, 0, self.skipped_steps, []
         for window in _windows(batches, accumulation_steps):
             windows += 1
-            window_loss = self._accumulate(window, parameters)
-            if self._take_step(parameters, window_loss, norms):
+            before = [buffer.data.copy() for buffer in buffers]  # running statistics, for a skipped step
+            taken = False
+            try:
+                window_loss = self._accumulate(window, parameters)
+                taken = self._take_step(parameters, window_loss, norms)
+            finally:
+                if not taken:  # a skipped (or failed) step leaves the model as it was, buffers included
+                    for buffer, data in zip(buffers, before):
+                        buffer.data[...] = data
+            if taken:
                 loss_sum += window_loss
                 samples += sum(len(inputs) for inputs, _ in window)
         if windows == 0:
@@ -289,6 +336,7 @@ class Trainer(Resumable):
         them as JSON), read from the device once, at the end. A loader that yields
         no batches raises ``ValueError`` saying it yielded no batches.
         """
+        _check_loader("dataloader", dataloader)
         modes = [(module, module.training) for module in self.model.modules()]
         self.model.eval()
         try:
@@ -324,10 +372,20 @@ class Trainer(Resumable):
         every epoch each one's ``on_epoch_end(trainer, logs)`` runs (one may set
         ``trainer.stop_training = True``), then each one's ``on_checkpoint``.
         ``progress=None`` draws ``tqdm`` bars only in a terminal or a notebook.
-        Returns ``history``.
+        Returns ``history``. Every argument is checked before anything runs; a
+        trainer already past ``epochs`` trains nothing and warns (``UserWarning``).
         """
-        if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 0:
-            raise ValueError(f"epochs must be a whole number >= 0, got {epochs!r}")
+        _check_loader("train_loader", train_loader)
+        if val_loader is not None:
+            _check_loader("val_loader", val_loader)
+        check_int("epochs", epochs, minimum=0)
+        check_int("accumulation_steps", accumulation_steps, minimum=1)
+        check_type("callbacks", callbacks, (list, tuple), "a list of callbacks")
+        for i, callback in enumerate(callbacks):
+            check_methods(f"callbacks[{i}]", callback, _CALLBACK_HOOKS, "a callback, such as a tt.callbacks.Callback")
+        if self.epoch > epochs:
+            warnings.warn(f"fit(epochs={epochs}): the trainer is at epoch {self.epoch}, past the target {epochs}; "
+                          "nothing to train", UserWarning, stacklevel=2)
         progress = _progress_enabled() if progress is None else progress
         self._callbacks = tuple(callbacks)
         for key, callback in zip(callback_keys(self._callbacks), self._callbacks):

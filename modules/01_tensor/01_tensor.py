@@ -287,6 +287,111 @@ else:
 print("registry OK")
 
 # %% [markdown]
+# ### Bad arguments fail where they come in
+#
+# `parse_device(3.25)` does not fail somewhere deep inside, with a message about
+# string methods that names nothing you wrote: it fails at once and says what it
+# got. The whole library does the same for every public argument. An error names
+# **the argument, the value it got and what was expected** —
+# `batch_size must be a whole number >= 1, got batch_size=0` — and is raised where
+# the argument comes in, before anything has changed. A bad value that travels
+# on fails far from its cause (a `DataLoader(5)` would fail only at its first
+# batch), or, worse, never fails: `int(2.5)` is 2, so a shape `(2.5, 3)` would
+# quietly become `(2, 3)`.
+#
+# The checks are given helpers in `tinytrain.arguments`, used from here on:
+# `check_int`, `check_number` (with bounds), `check_type`, `check_callable` and
+# `check_methods` (for "anything with a `step()` method"). Each returns the
+# value, so a check is one line: `self.p = check_number("p", p, minimum=0, below=1)`.
+# A wrong type raises `TypeError`, a value out of range `ValueError`.
+
+# %% export="arguments"
+"""Checks of the arguments of the public API: every error names the argument, the value and what was expected.
+
+Each check returns the value (``check_int`` an ``int``, ``check_number`` a
+``float``) and raises ``TypeError`` for a wrong type, ``ValueError`` for a value
+out of range.
+"""
+import math
+from typing import Any
+
+import numpy as np
+
+
+def _got(name: str, value: Any, with_type: bool = False) -> str:
+    """``"got name=value"`` (a long repr shortened), and the value's type for a type error."""
+    shown = repr(value)
+    if len(shown) > 80:
+        shown = shown[:77] + "..."
+    return f"got {name}={shown}" + (f" of type {type(value).__name__}" if with_type else "")
+
+
+def check_int(name: str, value: Any, minimum: int | None = None) -> int:
+    """``value`` as an ``int``: a Python or NumPy integer (a bool is not one), at least ``minimum``."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name} must be a whole number, {_got(name, value, with_type=True)}")
+    if minimum is not None and value < minimum:
+        raise ValueError(f"{name} must be a whole number >= {minimum}, {_got(name, value)}")
+    return int(value)
+
+
+def check_number(name: str, value: Any, *, minimum: float | None = None, maximum: float | None = None,
+                 above: float | None = None, below: float | None = None, finite: bool = True) -> float:
+    """``value`` as a ``float``: a real number (not a bool, never NaN), finite unless ``finite=False``,
+    ``>= minimum``, ``<= maximum``, ``> above`` and ``< below`` for the bounds given."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise TypeError(f"{name} must be a real number, {_got(name, value, with_type=True)}")
+    value = float(value)
+    inside = ((minimum is None or value >= minimum) and (maximum is None or value <= maximum)
+              and (above is None or value > above) and (below is None or value < below))
+    if not inside or math.isnan(value) or (finite and math.isinf(value)):
+        lower = f"[{minimum}" if minimum is not None else f"({above}" if above is not None else ""
+        upper = f"{maximum}]" if maximum is not None else f"{below})" if below is not None else ""
+        if lower and upper:
+            bounds = f" in {lower}, {upper}"
+        elif lower:
+            bounds = f" {'>=' if lower[0] == '[' else '>'} {lower[1:]}"
+        elif upper:
+            bounds = f" {'<=' if upper[-1] == ']' else '<'} {upper[:-1]}"
+        else:
+            bounds = ""
+        raise ValueError(f"{name} must be a {'finite ' if finite else ''}number{bounds}, {_got(name, value)}")
+    return value
+
+
+def check_type(name: str, value: Any, expected: type | tuple[type, ...], what: str) -> Any:
+    """``value`` itself when it is an instance of ``expected``; ``what`` says what was expected ("a dict")."""
+    if not isinstance(value, expected):
+        raise TypeError(f"{name} must be {what}, {_got(name, value, with_type=True)}")
+    return value
+
+
+def check_callable(name: str, value: Any, what: str) -> Any:
+    """``value`` itself when it can be called."""
+    if not callable(value):
+        raise TypeError(f"{name} must be {what}, {_got(name, value, with_type=True)}")
+    return value
+
+
+def check_methods(name: str, value: Any, methods: tuple[str, ...], what: str) -> Any:
+    """``value`` itself when it has every one of ``methods``: what the caller will call on it."""
+    missing = [method for method in methods if not callable(getattr(value, method, None))]
+    if missing:
+        raise TypeError(f"{name} must be {what}, {_got(name, value, with_type=True)}, which has no "
+                        + ", ".join(missing))
+    return value
+
+
+# %%
+for bad in (lambda: check_int("shape[0]", 2.5),
+            lambda: check_number("p", 1.5, minimum=0, below=1),
+            lambda: check_methods("optimizer", "sgd", ("step",), "an optimizer such as SGD(params, lr=0.1)")):
+    try:
+        bad()
+    except (TypeError, ValueError) as error:
+        print(f"{type(error).__name__}: {error}")
+
+# %% [markdown]
 # ## 2. From Python data to an array: the dtype rules
 #
 # A tensor stores its numbers in one array of one **dtype**. Deep learning runs
@@ -315,6 +420,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from tinytrain import autograd, ops
+from tinytrain.arguments import check_int
 from tinytrain.backend import DEFAULT_FLOAT, Backend, backend_of_array, get_backend
 
 float16 = np.dtype("float16")
@@ -370,11 +476,12 @@ print("dtype rules OK")
 Shape = tuple[int, ...]
 
 
-def _shape_arg(shape: tuple) -> Shape:
-    """Accept both ``f(2, 3)`` and ``f((2, 3))``."""
+def _shape_arg(shape: tuple, name: str = "shape", minimum: int | None = 0) -> Shape:
+    """Accept both ``f(2, 3)`` and ``f((2, 3))``; every entry a whole number >= ``minimum``
+    (``int(2.5)`` would make a shape of 2.5 a shape of 2 without a word)."""
     if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
         shape = tuple(shape[0])
-    return tuple(int(n) for n in shape)
+    return tuple(check_int(f"{name}[{i}]", n, minimum) for i, n in enumerate(shape))
 
 
 def _axes_arg(axis: int | Sequence[int] | None, ndim: int) -> tuple[int, ...] | None:
@@ -622,11 +729,11 @@ class Tensor:
 
     # -- shape -------------------------------------------------------------------------
     def reshape(self, *shape: Any) -> "Tensor":
-        return ops.Reshape.apply(self, shape=_shape_arg(shape))
+        return ops.Reshape.apply(self, shape=_shape_arg(shape, minimum=-1))  # -1: the size that fits
 
     def transpose(self, *axes: Any) -> "Tensor":
         """Permute axes like ``numpy.transpose``; no arguments reverses them."""
-        axes = _shape_arg(axes) if axes else tuple(reversed(range(self.ndim)))
+        axes = _shape_arg(axes, "axes", minimum=None) if axes else tuple(reversed(range(self.ndim)))
         return ops.Transpose.apply(self, axes=axes)
 
     @property
@@ -797,7 +904,10 @@ print(x @ x, x.sum(axis=0), x.T, sep="\n")
 #
 # `zeros`, `ones`, `randn` (standard normal) and `rand` (uniform on [0, 1)) take
 # a shape either as separate numbers or as one tuple, plus `dtype`, `device` and
-# `requires_grad`. Random numbers come from the device's backend, so
+# `requires_grad`. Their given first line turns the shape into a tuple of whole
+# numbers >= 0 (or raises, naming the bad entry), so `shape` is `(2, 3)` for both
+# `zeros(2, 3)` and `zeros((2, 3))`; the given `_filled` does the rest of the
+# bookkeeping. Random numbers come from the device's backend, so
 # `tt.manual_seed(0)` makes them reproducible.
 
 # %% export="tensor"
@@ -806,33 +916,37 @@ def tensor(data: Any, requires_grad: bool = False, dtype: Any = None, device: An
     return Tensor(data, requires_grad=requires_grad, dtype=dtype, device=device)
 
 
-def _filled(fill: Any, shape: tuple, dtype: Any, device: Any, requires_grad: bool) -> Tensor:
-    """A tensor of ``shape`` whose array ``fill(backend, shape, dtype)`` makes."""
+def _filled(fill: Any, shape: Shape, dtype: Any, device: Any, requires_grad: bool) -> Tensor:
+    """A tensor of ``shape`` (a tuple, from ``_shape_arg``) whose array ``fill(backend, shape, dtype)`` makes."""
     backend = get_backend(device)
     dtype = DEFAULT_FLOAT if dtype is None else np.dtype(dtype)
-    array = fill(backend, _shape_arg(shape), dtype)
+    array = fill(backend, shape, dtype)
     return Tensor._make(array, backend).requires_grad_(requires_grad)
 
 
 def zeros(*shape: Any, dtype: Any = None, device: Any = None, requires_grad: bool = False) -> Tensor:
+    shape = _shape_arg(shape)
     ### BEGIN SOLUTION
     return _filled(lambda b, s, d: b.xp.zeros(s, dtype=d), shape, dtype, device, requires_grad)
     ### END SOLUTION
 
 
 def ones(*shape: Any, dtype: Any = None, device: Any = None, requires_grad: bool = False) -> Tensor:
+    shape = _shape_arg(shape)
     ### BEGIN SOLUTION
     return _filled(lambda b, s, d: b.xp.ones(s, dtype=d), shape, dtype, device, requires_grad)
     ### END SOLUTION
 
 
 def randn(*shape: Any, dtype: Any = None, device: Any = None, requires_grad: bool = False) -> Tensor:
+    shape = _shape_arg(shape)
     ### BEGIN SOLUTION
     return _filled(lambda b, s, d: b.random_normal(s, d), shape, dtype, device, requires_grad)
     ### END SOLUTION
 
 
 def rand(*shape: Any, dtype: Any = None, device: Any = None, requires_grad: bool = False) -> Tensor:
+    shape = _shape_arg(shape)
     ### BEGIN SOLUTION
     return _filled(lambda b, s, d: b.random_uniform(s, d), shape, dtype, device, requires_grad)
     ### END SOLUTION
@@ -845,15 +959,23 @@ def arange(start: float, stop: float | None = None, step: float = 1, dtype: Any 
     return Tensor(array, dtype=dtype)
 
 
+def _some_tensors(function: str, tensors: Sequence[Tensor]) -> list[Tensor]:
+    """``tensors`` as a list, which must not be empty: its first tensor picks the device."""
+    tensors = list(tensors)
+    if not tensors:
+        raise ValueError(f"{function} needs at least one tensor, got tensors={tensors!r}")
+    return tensors
+
+
 def stack(tensors: Sequence[Tensor], axis: int = 0) -> Tensor:
     """Join same-shaped tensors along a new axis."""
-    first, *rest = tensors
+    first, *rest = _some_tensors("stack", tensors)
     return ops.Stack.apply(first, *(first._operand(t) for t in rest), axis=axis)
 
 
 def concatenate(tensors: Sequence[Tensor], axis: int = 0) -> Tensor:
     """Join tensors along an existing axis."""
-    first, *rest = tensors
+    first, *rest = _some_tensors("concatenate", tensors)
     return ops.Concatenate.apply(first, *(first._operand(t) for t in rest), axis=axis)
 
 

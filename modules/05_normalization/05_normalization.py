@@ -54,6 +54,7 @@ from tinytrain.nn import Linear, ReLU, Sequential
 
 # %% export="nn/dropout"
 """Inverted dropout: ``dropout`` and the ``Dropout`` module."""
+from tinytrain.arguments import check_number
 from tinytrain.nn.module import Module
 from tinytrain.tensor import Tensor
 
@@ -62,13 +63,13 @@ def dropout(x: Tensor, p: float = 0.5, training: bool = True) -> Tensor:
     """Inverted dropout: zero each element with probability ``p``, scale the rest by ``1/(1-p)``.
 
     The identity (``x`` itself) when ``training`` is false or ``p == 0``. ``p`` must be
-    in [0, 1) (``ValueError`` otherwise). The mask keeps the elements whose uniform
+    a number in [0, 1): the given first line raises ``TypeError`` or ``ValueError``
+    otherwise, and makes it a float. The mask keeps the elements whose uniform
     draw ``u`` from ``x``'s device generator is ``>= p``; it is drawn in float32
     whatever ``x``'s dtype (the generators refuse float16, which mixed precision
     computes in) and then cast to ``x``'s dtype.
     """
-    if not 0 <= p < 1:
-        raise ValueError(f"dropout probability p must be in [0, 1), got {p}")
+    p = check_number("p", p, minimum=0, below=1)
     ### BEGIN SOLUTION
     if not training or p == 0:
         return x
@@ -83,9 +84,7 @@ class Dropout(Module):
 
     def __init__(self, p: float = 0.5) -> None:
         super().__init__()
-        if not 0 <= p < 1:
-            raise ValueError(f"dropout probability p must be in [0, 1), got {p}")
-        self.p = p
+        self.p = check_number("p", p, minimum=0, below=1)
 
     def forward(self, x: Tensor) -> Tensor:
         return dropout(x, self.p, self.training)

@@ -81,6 +81,7 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 
+from tinytrain.arguments import check_int, check_methods
 from tinytrain.backend import get_backend
 from tinytrain.tensor import Tensor, default_dtype
 
@@ -238,6 +239,27 @@ print("batch_indices OK")
 # `B` integer labels become an array of shape `(B,)`.
 
 # %% export="data"
+def _shapes(sample: Any) -> Any:
+    """A tuple (or list) sample's field shapes, as a list; any other sample's shape."""
+    if isinstance(sample, (tuple, list)):
+        return [np.shape(field) for field in sample]
+    return np.shape(sample)
+
+
+def _check_alike(samples: Sequence[Any]) -> None:
+    """Raise ``ValueError`` naming the first sample whose fields or shapes differ from sample 0's, and both."""
+    if len(samples) == 0:
+        raise ValueError(f"collate needs at least one sample, got samples={samples!r}")
+    first = _shapes(samples[0])
+    for index, sample in enumerate(samples):
+        shapes = _shapes(sample)
+        if shapes != first:
+            got, expected = (f"fields of shapes {tuple(s)}" if isinstance(s, list) else f"shape {s}"
+                             for s in (shapes, first))
+            raise ValueError(f"collate: sample {index} of the batch has {got}, sample 0 has {expected}; "
+                             "the samples of one batch must have the same shapes")
+
+
 def collate(samples: Sequence[Any]) -> Any:
     """Stack a list of samples into one batch of NumPy arrays.
 
@@ -245,7 +267,10 @@ def collate(samples: Sequence[Any]) -> Any:
     array per field: ``[(x0, y0), (x1, y1)] -> (stack([x0, x1]), stack([y0, y1]))``.
     Any other sample (an array, a number, a tensor) gives one stacked array.
     A list of one sample gives a batch of one (the last batch of an epoch may be one).
+    The given first line checks that all samples are alike (the same fields, of the
+    same shapes) and raises ``ValueError`` naming the first that is not.
     """
+    _check_alike(samples)
     ### BEGIN SOLUTION
     first = samples[0]
     if isinstance(first, (tuple, list)):
@@ -334,7 +359,9 @@ class DataLoader:
     ``load_state_dict``) makes older iterators raise ``RuntimeError``.
     ``state_dict()`` holds plain data only (numbers, strings, dicts).
 
-    Raises ``ValueError`` if ``batch_size`` is not a positive integer.
+    Raises ``TypeError`` for a ``dataset`` without ``len()`` and indexing, a
+    ``batch_size`` or ``seed`` that is not a whole number, and ``ValueError`` for a
+    ``batch_size`` below 1 or a negative ``seed``: here, not at the first batch.
     """
 
     def __init__(
@@ -346,10 +373,11 @@ class DataLoader:
         seed: int | None = None,
         device: Any = None,
     ) -> None:
-        if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
-            raise ValueError(f"batch_size must be a positive integer, got batch_size={batch_size!r}")
-        self.dataset = dataset
-        self.batch_size = int(batch_size)
+        self.dataset = check_methods("dataset", dataset, ("__len__", "__getitem__"),
+                                     "a dataset, with len() and [i], such as TensorDataset(X, y)")
+        self.batch_size = check_int("batch_size", batch_size, minimum=1)
+        if seed is not None:
+            seed = check_int("seed", seed, minimum=0)
         self.shuffle = bool(shuffle)
         self.drop_last = bool(drop_last)
         self._backend = get_backend(device)  # an unknown device fails here, not at the first batch

@@ -77,7 +77,9 @@ from tinytrain.datasets import Digits
 # remaining epochs, $\eta_{\min} + \frac{\eta_{\max}-\eta_{\min}}{2}(1+\cos\frac{\pi(e-W)}{T-W})$.
 #
 # A schedule's only state is its settings, so `state_dict()` returns them and a
-# checkpoint can restore them.
+# checkpoint can restore them. The given base class `Schedule` checks the epoch
+# before any subclass's `get_lr` runs, yours included: `get_lr(1.5)` or
+# `get_lr(-1)` raises, naming the epoch, and your code always gets a whole number >= 0.
 
 # %% export="schedules"
 """Learning-rate schedules: ``schedule.get_lr(e)`` is the rate for all of epoch ``e``.
@@ -86,37 +88,38 @@ Epochs count from 0. :class:`~tinytrain.training.Trainer` sets the optimizer's
 rate to ``get_lr(epoch)`` at the *start* of each epoch. A schedule is a pure
 function of the epoch and its settings, so ``state_dict()`` holds the settings.
 """
+import functools
 import math
-import operator
 from typing import Any
 
-
-def _epoch_index(epoch: int) -> int:
-    """``epoch`` as a non-negative int; raises for floats, bools and negatives."""
-    if isinstance(epoch, bool):
-        raise TypeError(f"an epoch is a whole number, got {epoch!r}")
-    epoch = operator.index(epoch)  # TypeError for 1.5
-    if epoch < 0:
-        raise ValueError(f"epochs count from 0, got epoch {epoch}")
-    return epoch
+from tinytrain.arguments import check_int, check_number
 
 
-def _positive(name: str, value: float) -> float:
-    if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
-        raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
-    return float(value)
-
-
-def _count(name: str, value: int, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{name} must be a whole number >= {minimum}, got {value!r}")
-    return value
+def _min_lr(min_lr: float, max_lr: float) -> float:
+    """``min_lr`` as a float in [0, max_lr]."""
+    min_lr = check_number("min_lr", min_lr, minimum=0)
+    if min_lr > max_lr:
+        raise ValueError(f"min_lr must be in [0, max_lr={max_lr}], got min_lr={min_lr}")
+    return min_lr
 
 
 class Schedule:
     """Base class. A subclass stores its ``__init__`` arguments as attributes of
     the same names and defines ``get_lr``; ``state_dict`` and ``load_state_dict``
-    come for free."""
+    come for free, and so does the check of the epoch: every subclass's ``get_lr``
+    gets a whole number >= 0 (anything else raises, naming the epoch)."""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        # Wrap the subclass's own get_lr, so that no schedule answers for epoch 1.5 or -1.
+        super().__init_subclass__(**kwargs)
+        if "get_lr" in vars(cls):
+            get_lr = cls.get_lr
+
+            @functools.wraps(get_lr)
+            def checked_get_lr(self: "Schedule", epoch: int) -> float:
+                return get_lr(self, check_int("epoch", epoch, minimum=0))
+
+            cls.get_lr = checked_get_lr
 
     def get_lr(self, epoch: int) -> float:
         raise NotImplementedError(f"{type(self).__name__} must define get_lr(epoch)")
@@ -148,18 +151,16 @@ class CosineSchedule(Schedule):
 
     def __init__(self, max_lr: float = 0.1, min_lr: float = 0.01, total_epochs: int = 100,
                  warmup_epochs: int = 0) -> None:
-        self.max_lr = _positive("max_lr", max_lr)
-        if not (isinstance(min_lr, (int, float)) and 0 <= min_lr <= max_lr):
-            raise ValueError(f"min_lr must be in [0, max_lr={max_lr}], got {min_lr!r}")
-        self.min_lr = float(min_lr)
-        self.total_epochs = _count("total_epochs", total_epochs, 1)
-        self.warmup_epochs = _count("warmup_epochs", warmup_epochs, 0)
+        self.max_lr = check_number("max_lr", max_lr, above=0)
+        self.min_lr = _min_lr(min_lr, self.max_lr)
+        self.total_epochs = check_int("total_epochs", total_epochs, minimum=1)
+        self.warmup_epochs = check_int("warmup_epochs", warmup_epochs, minimum=0)
         if warmup_epochs >= total_epochs:
             raise ValueError(f"warmup_epochs ({warmup_epochs}) must be less than total_epochs ({total_epochs})")
 
     def get_lr(self, epoch: int) -> float:
-        """The rate for epoch ``epoch`` (0-based): warmup ramp, cosine, then ``min_lr``."""
-        epoch = _epoch_index(epoch)
+        """The rate for epoch ``epoch`` (0-based, a whole number: ``Schedule`` checks it):
+        warmup ramp, cosine, then ``min_lr``."""
         ### BEGIN SOLUTION
         warmup, total = self.warmup_epochs, self.total_epochs
         if epoch < warmup:
@@ -209,15 +210,12 @@ class CosineWarmRestarts(Schedule):
     ``first_cycle * cycle_mult**i`` epochs and starts again at ``max_lr``."""
 
     def __init__(self, max_lr: float = 0.1, min_lr: float = 0.0, first_cycle: int = 10, cycle_mult: int = 1) -> None:
-        self.max_lr = _positive("max_lr", max_lr)
-        if not (isinstance(min_lr, (int, float)) and 0 <= min_lr <= max_lr):
-            raise ValueError(f"min_lr must be in [0, max_lr={max_lr}], got {min_lr!r}")
-        self.min_lr = float(min_lr)
-        self.first_cycle = _count("first_cycle", first_cycle, 1)
-        self.cycle_mult = _count("cycle_mult", cycle_mult, 1)
+        self.max_lr = check_number("max_lr", max_lr, above=0)
+        self.min_lr = _min_lr(min_lr, self.max_lr)
+        self.first_cycle = check_int("first_cycle", first_cycle, minimum=1)
+        self.cycle_mult = check_int("cycle_mult", cycle_mult, minimum=1)
 
     def get_lr(self, epoch: int) -> float:
-        epoch = _epoch_index(epoch)
         ### BEGIN SOLUTION
         length = self.first_cycle
         if self.cycle_mult == 1:
@@ -235,34 +233,34 @@ class StepSchedule(Schedule):
     """``lr * gamma ** (epoch // step_size)``: a drop by ``gamma`` every ``step_size`` epochs."""
 
     def __init__(self, lr: float = 0.1, step_size: int = 30, gamma: float = 0.1) -> None:
-        self.lr = _positive("lr", lr)
-        self.step_size = _count("step_size", step_size, 1)
-        self.gamma = _positive("gamma", gamma)
+        self.lr = check_number("lr", lr, above=0)
+        self.step_size = check_int("step_size", step_size, minimum=1)
+        self.gamma = check_number("gamma", gamma, above=0)
 
     def get_lr(self, epoch: int) -> float:
-        return self.lr * self.gamma ** (_epoch_index(epoch) // self.step_size)
+        return self.lr * self.gamma ** (epoch // self.step_size)
 
 
 class ExponentialSchedule(Schedule):
     """``lr * gamma ** epoch``."""
 
     def __init__(self, lr: float = 0.1, gamma: float = 0.95) -> None:
-        self.lr = _positive("lr", lr)
-        self.gamma = _positive("gamma", gamma)
+        self.lr = check_number("lr", lr, above=0)
+        self.gamma = check_number("gamma", gamma, above=0)
 
     def get_lr(self, epoch: int) -> float:
-        return self.lr * self.gamma ** _epoch_index(epoch)
+        return self.lr * self.gamma ** epoch
 
 
 class InverseSqrtSchedule(Schedule):
     """Linear warmup to ``max_lr`` at epoch ``warmup_epochs``, then ``max_lr * sqrt((W + 1) / (epoch + 1))``."""
 
     def __init__(self, max_lr: float = 0.1, warmup_epochs: int = 0) -> None:
-        self.max_lr = _positive("max_lr", max_lr)
-        self.warmup_epochs = _count("warmup_epochs", warmup_epochs, 0)
+        self.max_lr = check_number("max_lr", max_lr, above=0)
+        self.warmup_epochs = check_int("warmup_epochs", warmup_epochs, minimum=0)
 
     def get_lr(self, epoch: int) -> float:
-        epoch, warmup = _epoch_index(epoch), self.warmup_epochs
+        warmup = self.warmup_epochs
         if epoch < warmup:
             return self.max_lr * (epoch + 1) / (warmup + 1)
         return self.max_lr * math.sqrt((warmup + 1) / (epoch + 1))
@@ -329,8 +327,12 @@ callbacks from ``fit``, and saves and restores its complete state in checkpoints
 import math
 import sys
 import time
+import warnings
 from typing import Any, Iterable, Iterator, Sequence
 
+import numpy as np
+
+from tinytrain.arguments import check_callable, check_int, check_methods, check_number, check_type
 from tinytrain.autograd import no_grad
 from tinytrain.resume import Resumable, callback_keys
 from tinytrain.tensor import Tensor
@@ -343,12 +345,18 @@ def clip_grad_norm(parameters: Iterable[Tensor], max_norm: float = 1.0, error_if
     parameters that have a gradient (the others are skipped). When it exceeds
     ``max_norm``, every gradient is multiplied in place by ``max_norm / (norm + 1e-6)``,
     which keeps the direction. Returns the norm *before* clipping, as a float.
+    The norm of finite gradients is finite: float32 squares overflow above about
+    1.8e19, so add the squares up in float64 (or, faster, add them in the
+    gradients' dtype and do it again in float64 when that sum is ``inf``).
     A non-finite norm leaves the gradients untouched (the caller must not take
     the step) or, with ``error_if_nonfinite=True``, raises ``FloatingPointError``
     whose message gives the norm (``inf`` or ``nan``).
+    ``parameters`` may also be a single tensor.
     """
     if not (isinstance(max_norm, (int, float)) and max_norm > 0):
         raise ValueError(f"max_norm must be a number > 0, got {max_norm!r}")
+    if isinstance(parameters, Tensor):  # one tensor, not an iterable of its rows
+        parameters = [parameters]
     grads = [p.grad for p in parameters if p.grad is not None]
     ### BEGIN SOLUTION
     by_device: dict[Any, list] = {}
@@ -356,8 +364,11 @@ def clip_grad_norm(parameters: Iterable[Tensor], max_norm: float = 1.0, error_if
         by_device.setdefault(grad._backend, []).append(grad.data)
     total = 0.0
     for backend, arrays in by_device.items():
-        squares = sum(backend.xp.vdot(a, a) for a in arrays)  # vdot flattens: no temporary arrays
-        total += float(backend.to_host(squares))  # one host transfer per device
+        squares = float(backend.to_host(sum(backend.xp.vdot(a, a) for a in arrays)))  # vdot: no temporaries
+        if math.isinf(squares):  # overflowed in float32, or a gradient is inf: float64 tells which
+            wide = [a.astype(np.float64) for a in arrays]
+            squares = float(backend.to_host(sum(backend.xp.vdot(a, a) for a in wide)))
+        total += squares  # one host transfer per device (two after an overflow)
     norm = math.sqrt(total)
     if not math.isfinite(norm):
         if error_if_nonfinite:
@@ -478,6 +489,14 @@ def _pair(batch: Any) -> tuple[Tensor, Tensor]:
     return batch
 
 
+def _check_loader(name: str, loader: Any) -> None:
+    """Raise ``TypeError`` naming ``name`` unless ``loader`` can be iterated (``fit(None)`` fails here)."""
+    check_methods(name, loader, ("__iter__",), "a data loader: an iterable of (inputs, targets) batches")
+
+
+_CALLBACK_HOOKS = ("on_fit_begin", "on_epoch_end", "on_checkpoint", "on_fit_end")  # what fit calls
+
+
 def _windows(batches: Iterable[Any], size: int) -> Iterator[list]:
     """Consecutive groups of ``size`` ``(inputs, targets)`` batches; the last group may be shorter."""
     window = []
@@ -553,8 +572,13 @@ class Trainer(Resumable):
     def __init__(self, model: Any, optimizer: Any, loss_fn: Any, scheduler: Any = None,
                  grad_clip_norm: float | None = None, on_nonfinite: str = "skip", precision: str = "32-true",
                  strategy: Any = None) -> None:
-        if grad_clip_norm is not None and not (isinstance(grad_clip_norm, (int, float)) and grad_clip_norm > 0):
-            raise ValueError(f"grad_clip_norm must be None or a number > 0, got {grad_clip_norm!r}")
+        check_methods("model", model, ("__call__", "parameters"), "a model, such as nn.Sequential(...)")
+        check_methods("optimizer", optimizer, ("step",), "an optimizer, such as tt.SGD(model.parameters(), lr=0.1)")
+        check_callable("loss_fn", loss_fn, "a loss function or module, such as nn.CrossEntropyLoss()")
+        if scheduler is not None:
+            check_methods("scheduler", scheduler, ("get_lr",), "None or a schedule, such as tt.CosineSchedule()")
+        if grad_clip_norm is not None:  # inf: measure the norm (and skip non-finite steps), never clip
+            grad_clip_norm = check_number("grad_clip_norm", grad_clip_norm, above=0, finite=False)
         if on_nonfinite not in ("skip", "raise"):
             raise ValueError(f"on_nonfinite must be 'skip' or 'raise', got {on_nonfinite!r}")
         self.model, self.optimizer, self.loss_fn, self.scheduler = model, optimizer, loss_fn, scheduler
@@ -599,12 +623,22 @@ class Trainer(Resumable):
 
         Given. Module 13's plugins go first: mixed precision unscales the float16
         gradients, data parallelism averages them over the ranks, and either may
-        veto the step (an overflow, a non-finite loss on another rank). Then
-        :meth:`_clip_and_step`.
+        veto the step. A non-finite loss (on this rank or another) is handled by
+        :meth:`_skip` like any other, so ``on_nonfinite="raise"`` raises; a float16
+        overflow of finite losses is part of loss scaling and is only counted.
+        Then :meth:`_clip_and_step`.
         """
-        if self._plugins and not all([plugin.before_step(parameters, loss) for plugin in self._plugins]):
-            self.skipped_steps += 1
-            return False
+        if self._plugins:
+            allowed = [plugin.before_step(parameters, loss) for plugin in self._plugins]  # all: collective calls
+            bad_ranks = getattr(self.strategy, "nonfinite_ranks", 0)
+            if bad_ranks:  # every rank decides alike, so none waits for the others at the next step
+                return self._skip(f"the loss is not finite on {bad_ranks} of {self.strategy.world_size} ranks "
+                                  f"(this rank's: {loss})")
+            if not math.isfinite(loss):
+                return self._skip(f"the loss is {loss}")
+            if not all(allowed):  # a float16 overflow: the loss scale backs off, this step is dropped
+                self.skipped_steps += 1
+                return False
         return self._clip_and_step(parameters, loss, norms)
 
     def _clip_and_step(self, parameters: list[Tensor], loss: float, norms: list[float]) -> bool:
@@ -647,10 +681,12 @@ class Trainer(Resumable):
         model in training mode. Then, for each window of ``accumulation_steps``
         consecutive batches (the last window may be shorter), one optimizer step
         on the gradient of the mean loss over all samples of the window
-        (:meth:`_accumulate`, then :meth:`_take_step`).
+        (:meth:`_accumulate`, then :meth:`_take_step`). A skipped step changes
+        nothing: the model's buffers (BatchNorm's running statistics) are put
+        back as they were before its window.
         """
-        if isinstance(accumulation_steps, bool) or not isinstance(accumulation_steps, int) or accumulation_steps < 1:
-            raise ValueError(f"accumulation_steps must be a whole number >= 1, got {accumulation_steps!r}")
+        _check_loader("dataloader", dataloader)
+        check_int("accumulation_steps", accumulation_steps, minimum=1)
         self._use_loader("train", dataloader)
         if self.scheduler is not None:
             self.optimizer.lr = self.scheduler.get_lr(self.epoch)
@@ -658,11 +694,20 @@ class Trainer(Resumable):
         self.model.train()
         parameters = self.model.parameters()
         batches = _progress(dataloader, progress, desc=f"epoch {self.epoch + 1}", leave=False, unit="batch")
+        buffers = [buffer for buffer in self.model.buffers() if buffer is not None]
         loss_sum, samples, windows, skipped_before, norms = 0.0, 0, 0, self.skipped_steps, []
         for window in _windows(batches, accumulation_steps):
             windows += 1
-            window_loss = self._accumulate(window, parameters)
-            if self._take_step(parameters, window_loss, norms):
+            before = [buffer.data.copy() for buffer in buffers]  # running statistics, for a skipped step
+            taken = False
+            try:
+                window_loss = self._accumulate(window, parameters)
+                taken = self._take_step(parameters, window_loss, norms)
+            finally:
+                if not taken:  # a skipped (or failed) step leaves the model as it was, buffers included
+                    for buffer, data in zip(buffers, before):
+                        buffer.data[...] = data
+            if taken:
                 loss_sum += window_loss
                 samples += sum(len(inputs) for inputs, _ in window)
         if windows == 0:
@@ -710,6 +755,7 @@ class Trainer(Resumable):
         them as JSON), read from the device once, at the end. A loader that yields
         no batches raises ``ValueError`` saying it yielded no batches.
         """
+        _check_loader("dataloader", dataloader)
         modes = [(module, module.training) for module in self.model.modules()]
         self.model.eval()
         try:
@@ -747,10 +793,20 @@ class Trainer(Resumable):
         every epoch each one's ``on_epoch_end(trainer, logs)`` runs (one may set
         ``trainer.stop_training = True``), then each one's ``on_checkpoint``.
         ``progress=None`` draws ``tqdm`` bars only in a terminal or a notebook.
-        Returns ``history``.
+        Returns ``history``. Every argument is checked before anything runs; a
+        trainer already past ``epochs`` trains nothing and warns (``UserWarning``).
         """
-        if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 0:
-            raise ValueError(f"epochs must be a whole number >= 0, got {epochs!r}")
+        _check_loader("train_loader", train_loader)
+        if val_loader is not None:
+            _check_loader("val_loader", val_loader)
+        check_int("epochs", epochs, minimum=0)
+        check_int("accumulation_steps", accumulation_steps, minimum=1)
+        check_type("callbacks", callbacks, (list, tuple), "a list of callbacks")
+        for i, callback in enumerate(callbacks):
+            check_methods(f"callbacks[{i}]", callback, _CALLBACK_HOOKS, "a callback, such as a tt.callbacks.Callback")
+        if self.epoch > epochs:
+            warnings.warn(f"fit(epochs={epochs}): the trainer is at epoch {self.epoch}, past the target {epochs}; "
+                          "nothing to train", UserWarning, stacklevel=2)
         progress = _progress_enabled() if progress is None else progress
         self._callbacks = tuple(callbacks)
         for key, callback in zip(callback_keys(self._callbacks), self._callbacks):

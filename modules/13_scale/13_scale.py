@@ -339,6 +339,9 @@ from tinytrain.autograd import Function
 from tinytrain.tensor import Tensor
 
 PRECISIONS = ("32-true", "16-mixed")
+# Below float16's smallest step (2**-24) the scaled gradients are zero or still overflow: the run
+# is dead, and halving on would reach 0.0 (then 1 / scale fails) after about 1,100 more steps.
+MIN_LOSS_SCALE = 2.0 ** -24
 
 
 class GradScaler:
@@ -487,6 +490,12 @@ class MixedPrecision:
         self._to_master()
         found_inf = self.scaler.unscale_(parameters)
         self.scaler.update(found_inf)
+        if self.scaler.scale < MIN_LOSS_SCALE:
+            raise FloatingPointError(
+                f"precision='16-mixed': the loss scale fell to {self.scaler.scale:g} after "
+                f"{self.scaler.skipped_steps} skipped steps: the gradients are inf or nan at any scale, so "
+                "the model itself overflows (lower the learning rate, clip the gradients, or check the data)"
+            )
         return not found_inf
 
     def state_dict(self) -> dict:
@@ -701,7 +710,8 @@ class DataParallel:
 
     ``setup`` sends rank 0's parameters and buffers to every rank;
     ``before_step`` averages the gradients over the ranks and says whether every
-    rank's loss was finite (so all ranks take or skip a step together). Only rank
+    rank's loss was finite (so all ranks take or skip a step together; how many
+    were not is kept in ``nonfinite_ranks``). Only rank
     0 is a writer (``is_writer``): the Trainer saves checkpoints there only.
     """
 
@@ -711,6 +721,7 @@ class DataParallel:
         self.comm = _communicator(comm)
         self.rank, self.world_size = self.comm.Get_rank(), self.comm.Get_size()
         self.is_writer = self.rank == 0
+        self.nonfinite_ranks = 0  # at the last step: the Trainer skips (or raises) on every rank alike
 
     def setup(self, trainer: Any) -> None:
         self.broadcast(trainer.model)
@@ -724,8 +735,8 @@ class DataParallel:
             t.data[...] = t._backend.from_host(host)
 
     def before_step(self, parameters: list[Tensor], loss: float) -> bool:
-        bad_ranks = average_gradients(parameters, self.comm, 0.0 if math.isfinite(loss) else 1.0)
-        return bad_ranks == 0
+        self.nonfinite_ranks = round(average_gradients(parameters, self.comm, 0.0 if math.isfinite(loss) else 1.0))
+        return self.nonfinite_ranks == 0
 
     def state_dict(self) -> dict:
         return {"world_size": self.world_size}

@@ -110,8 +110,9 @@ def test_cosine_warm_restarts(student):
 # -- clipping -----------------------------------------------------------------------------
 
 @check(points=2, hint="clip_grad_norm: one global L2 norm over every gradient (skip parameters whose grad is "
-                      "None); only if it exceeds max_norm (strictly), scale all gradients in place by "
-                      "max_norm / (norm + 1e-6); return the norm before clipping")
+                      "None), its squares added up in float64 (float32 overflows above 1.8e19); only if it "
+                      "exceeds max_norm (strictly), scale all gradients in place by max_norm / (norm + 1e-6); "
+                      "return the norm before clipping")
 def test_clip_grad_norm(student):
     weights_ = tt.zeros(3, requires_grad=True)
     weights_.grad = tt.tensor([100.0, 200.0, 50.0])
@@ -149,6 +150,14 @@ def test_clip_grad_norm(student):
     expect_close(c.grad, values * 1e-4 / (small + 1e-6),
                  "(6e-4, 8e-4) clipped to max_norm=1e-4: each gradient times max_norm / (norm + 1e-6)",
                  rtol=1e-5, atol=0)
+
+    # large but finite: the float32 sum of squares (1e42) would overflow to inf
+    d = tt.zeros(100, requires_grad=True)
+    d.grad = tt.tensor(np.full(100, 1e20, np.float32))
+    expect_close(student.clip_grad_norm([d], max_norm=1.0), 1e21,
+                 "the norm of 100 float32 gradients of 1e20 (finite gradients have a finite norm: add the "
+                 "squares in float64)", rtol=1e-5)
+    expect_close(d.grad, np.full(100, 0.1), "100 gradients of 1e20 clipped to max_norm=1", rtol=1e-5)
 
 
 @check(points=1, hint="a non-finite global norm (inf or nan) must leave every gradient untouched and be returned "

@@ -119,7 +119,7 @@ def expect_close(got: Any, expected: Any, what: str, rtol: float = 1e-5, atol: f
         raise AssertionError(f"{what}: expected numbers, got {_show(got_values)}")
     wrong = ~np.isclose(got_values, expected_values, rtol=rtol, atol=atol, equal_nan=True)
     if wrong.any():
-        difference = np.abs(got_values.astype(np.float64) - expected_values.astype(np.float64))
+        difference = np.asarray(np.abs(got_values.astype(np.float64) - expected_values.astype(np.float64)))
         difference[~wrong] = 0
         where = np.unravel_index(np.nanargmax(np.where(np.isnan(difference), np.inf, difference)), difference.shape)
         at = f" at {list(map(int, where))}" if got_values.ndim else ""

@@ -9,6 +9,7 @@ import io
 import os
 import pickle
 import struct
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -44,11 +45,17 @@ def parse_idx(data: bytes) -> np.ndarray:
 
 
 def read_idx(path: str | os.PathLike) -> np.ndarray:
-    """:func:`parse_idx` of a file, gzip-compressed or not (told by its first bytes)."""
+    """:func:`parse_idx` of a file, gzip-compressed or not (told by its first bytes).
+
+    Raises ``ValueError`` naming the file for a file that is not IDX, or not complete.
+    """
     data = Path(path).read_bytes()
-    if data[:2] == b"\x1f\x8b":
-        data = gzip.decompress(data)
-    return parse_idx(data)
+    try:
+        if data[:2] == b"\x1f\x8b":
+            data = gzip.decompress(data)
+        return parse_idx(data)
+    except (ValueError, EOFError, OSError, zlib.error) as error:  # OSError: gzip.BadGzipFile
+        raise ValueError(f"{path}: {error}") from error
 
 
 def _numpy_multiarray() -> Any:

@@ -149,14 +149,19 @@ class MNIST(ImageDataset):
         directory = Path(root).expanduser() if root is not None else data_dir() / self.folder
         prefix = "train" if train else "t10k"
         images = read_idx(self._locate(directory, f"{prefix}-images-idx3-ubyte", download))
-        labels = read_idx(self._locate(directory, f"{prefix}-labels-idx1-ubyte", download))
+        labels_path = self._locate(directory, f"{prefix}-labels-idx1-ubyte", download)
+        labels = read_idx(labels_path)
         if images.ndim != 3 or images.dtype != np.uint8 or labels.ndim != 1 or len(images) != len(labels):
             raise ValueError(
                 f"{type(self).__name__}: expected uint8 images (N, H, W) and N labels, "
                 f"got images {images.dtype} {images.shape} and labels {labels.dtype} {labels.shape}"
             )
-        if len(labels) and not 0 <= labels.min() <= labels.max() < len(self.classes):
-            raise ValueError(f"{type(self).__name__}: labels outside 0..{len(self.classes) - 1}")
+        outside = np.flatnonzero((labels < 0) | (labels >= len(self.classes)))
+        if len(outside):
+            raise ValueError(
+                f"{type(self).__name__}: {labels_path} holds label {labels[outside[0]]} at index {outside[0]} "
+                f"({len(outside)} label(s) outside 0..{len(self.classes) - 1})"
+            )
         super().__init__(images[:, None], labels, max_value=255)
         self.train = train
 

@@ -12,6 +12,7 @@ from typing import Any, Iterable, Iterator
 
 import numpy as np
 
+from tinytrain.arguments import check_int
 from tinytrain.autograd import Function
 from tinytrain.backend import get_backend
 from tinytrain.nn.activations import gelu, log_softmax, softmax
@@ -81,9 +82,8 @@ class Linear(Module):
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True) -> None:
         super().__init__()
-        if in_features < 1 or out_features < 1:
-            raise ValueError(f"Linear needs positive sizes, got in_features={in_features}, out_features={out_features}")
-        self.in_features, self.out_features = in_features, out_features
+        self.in_features = check_int("in_features", in_features, minimum=1)
+        self.out_features = check_int("out_features", out_features, minimum=1)
         bound = 1 / math.sqrt(in_features)
         self.weight = _uniform_parameter((out_features, in_features), bound)
         self.weight.data = np.asfortranarray(self.weight.data)  # column-major: x @ W.T is then a plain product for BLAS

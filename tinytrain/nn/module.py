@@ -6,10 +6,12 @@ A ``Module`` registers the ``Parameter``s, buffers and sub-modules assigned to i
 attributes, so ``parameters()``, ``train()``/``eval()``, ``state_dict()``,
 ``zero_grad()`` and ``to(device)`` reach the whole tree of sub-modules.
 """
+from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 import numpy as np
 
+from tinytrain.arguments import check_type
 from tinytrain.backend import get_backend
 from tinytrain.tensor import Tensor
 
@@ -34,6 +36,34 @@ class IncompatibleKeys(NamedTuple):
 
     missing_keys: list[str]
     unexpected_keys: list[str]
+
+
+def _loadable(module: "Module", state: Any, own: dict[str, Tensor]) -> dict[str, Any]:
+    """``state`` with each value for one of ``own``'s tensors checked, and made an array unless it is a tensor.
+
+    A value must hold numbers that its tensor's dtype takes without changing kind
+    (``np.can_cast(..., "same_kind")``: no strings, no floats into an integer buffer).
+    Raises ``TypeError`` naming every bad key with the value's dtype and shape, before
+    anything is copied; values under other keys are left as they are.
+    """
+    check_type("state", state, Mapping, "a dict of name -> tensor or array, as state_dict() returns")
+    values, problems = dict(state), []
+    for name, tensor in own.items():
+        if name not in values:
+            continue
+        value = values[name]
+        if not isinstance(value, Tensor):
+            try:
+                value = values[name] = np.asarray(value)
+            except (TypeError, ValueError) as error:  # a ragged list
+                problems.append(f"{name} holds a {type(value).__name__} that is not an array ({error})")
+                continue
+        if value.dtype.kind not in "biuf" or not np.can_cast(value.dtype, tensor.dtype, "same_kind"):
+            problems.append(f"{name} holds {value.dtype} values of shape {tuple(value.shape)}, "
+                            f"expected numbers for a {tensor.dtype} tensor of shape {tensor.shape}")
+    if problems:
+        raise TypeError(f"cannot load the state into {type(module).__name__}: " + "; ".join(problems))
+    return values
 
 
 def _indent(text: str) -> str:
@@ -232,8 +262,14 @@ class Module:
         dtype and share no memory with ``state``. Raises ``RuntimeError`` listing
         every missing key and every unexpected key (unless ``strict=False``) and
         every shape mismatch with both shapes (always); nothing is copied when it raises.
+
+        Given: ``own`` maps each name to this module's tensor, and ``state`` has been
+        checked by ``_loadable`` (a mapping whose values for ``own``'s names are
+        tensors or NumPy arrays of numbers their tensor's dtype takes; a bad one
+        raises ``TypeError`` naming its key before anything is copied).
         """
         own = dict(self.named_parameters() + self.named_buffers())
+        state = _loadable(self, state, own)
         missing = [name for name in own if name not in state]
         unexpected = [name for name in state if name not in own]
         problems = []
@@ -245,9 +281,7 @@ class Module:
         for name, tensor in own.items():
             if name not in state:
                 continue
-            value = state[name]
-            if not isinstance(value, Tensor):
-                value = np.asarray(value)
+            value = state[name]  # a tensor or a NumPy array (given: _loadable)
             if tuple(value.shape) != tensor.shape:
                 problems.append(
                     f"shape mismatch for {name}: the model has {tensor.shape}, the state has {tuple(value.shape)}"

@@ -25,7 +25,8 @@ class CosineWarmRestarts:
 def clip_grad_norm(parameters, max_norm=1.0, error_if_nonfinite=False):
     partial = {}  # device -> sum of squares, still on that device
     for grad in grads:
-        squares = (grad.data * grad.data).sum()
+        wide = grad.data.astype("float64")  # float32 squares overflow above 1.8e19
+        squares = (wide * wide).sum()
         partial[grad.device] = squares if grad.device not in partial else partial[grad.device] + squares
     norm = math.sqrt(sum(float(value) for value in partial.values()))
     if not math.isfinite(norm):
