@@ -87,9 +87,10 @@ def test_a_save_loop_killed_anywhere_leaves_a_whole_checkpoint(tmp_path: Path) -
         subprocess.run([sys.executable, "-c", SAVE_LOOP.replace("range(1, 31)", "range(99, 100)"), str(path)],
                        check=True)
         assert sorted(p.name for p in tmp_path.iterdir() if p.name != "steps") == ["state.ckpt"], kill_at
+    moments = random.Random(len(kills))
     for _ in range(6):  # and at moments no step names
         path.unlink(missing_ok=True)
-        _run(["-c", SAVE_LOOP, str(path)], kill_after=random.Random(len(kills)).uniform(0.3, 1.0))
+        _run(["-c", SAVE_LOOP, str(path)], kill_after=moments.uniform(0.3, 1.0))
         if path.exists():
             assert read_checkpoint(path)["step"] >= 1
 
