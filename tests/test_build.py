@@ -303,6 +303,20 @@ def test_build_keeps_a_notebook_with_work_unless_forced(built: Path, capsys: pyt
     assert build.check(built) == []
 
 
+def test_build_replaces_a_notebook_whose_cells_moved(built: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A cell the author adds shifts the ids of the cells after it: a stub cell's id now names a cell
+    without stubs in the old notebook, which is no student's work."""
+    source = built / SOURCE
+    source.write_text(source.read_text().replace('# %% export="core"', '# %%\nprint("a new first cell")\n\n'
+                                                                       '# %% export="core"', 1))
+    status, out, err = run_cli(capsys, "build", "--root", str(built))
+    assert status == 0 and "wrote notebooks/01_demo.ipynb" in out, err
+    filled_in(built / "notebooks/01_demo.ipynb")  # and a filled stub still counts as work
+    source.write_text(source.read_text().replace('# %%\nprint("a new first cell")\n\n', "", 1))
+    status, _, err = run_cli(capsys, "build", "--root", str(built))
+    assert status != 0 and "solution filled in" in err
+
+
 def test_build_keeps_a_notebook_with_outputs(built: Path, capsys: pytest.CaptureFixture[str]) -> None:
     notebook = built / "notebooks/01_demo.ipynb"
     data = json.loads(notebook.read_text())

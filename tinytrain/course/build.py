@@ -412,20 +412,23 @@ def student_work(current: str, generated: str) -> str | None:
 
     Work is a cell with outputs (someone ran it) or a solution cell with fewer
     stubs than the build gives it (someone filled one in). A cell the build
-    changes in other ways is the module author's edit, and no work.
+    changes in other ways is the module author's edit, and no work; so is a
+    cell the build writes unchanged elsewhere (cell ids are positions, so a
+    cell the author adds shifts the ids of those after it).
     """
     try:
         notebook = nbformat.reads(current, as_version=4)
     except Exception:  # not a notebook any more: nothing recognisable to keep
         return None
-    stubs = {cell.get("id"): cell.source.count(STUB_MARKER)
-             for cell in nbformat.reads(generated, as_version=4).cells if cell.cell_type == "code"}
+    code = [cell for cell in nbformat.reads(generated, as_version=4).cells if cell.cell_type == "code"]
+    stubs = {cell.get("id"): cell.source.count(STUB_MARKER) for cell in code}
+    unchanged = {cell.source for cell in code}
     for cell in notebook.cells:
         if cell.cell_type != "code":
             continue
         if cell.get("outputs"):
             return f"cell {cell.get('id')} has outputs"
-        if cell.source.count(STUB_MARKER) < stubs.get(cell.get("id"), 0):
+        if cell.source not in unchanged and cell.source.count(STUB_MARKER) < stubs.get(cell.get("id"), 0):
             return f"cell {cell.get('id')} has a solution filled in"
     return None
 
