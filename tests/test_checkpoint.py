@@ -552,6 +552,100 @@ def small_trainer(optimizer: str = "adam", schedule: str = "cosine", seed: int =
     return trainer
 
 
+RUN_BY_STEPS = textwrap.dedent(
+    """
+    import numpy as np
+    import tinytrain as tt
+    from tinytrain import nn
+    from tinytrain.data import DataLoader, TokenWindows
+
+    VOCAB, CONTEXT = 11, 8
+    TOKENS = np.random.default_rng(0).integers(0, VOCAB, 400)
+    FIT = dict(max_steps=30, eval_every=10, eval_batches=3, accumulation_steps=2, progress=False)
+
+    class CharModel(nn.Module):
+        \"\"\"Next-character scores from one-hot characters.\"\"\"
+
+        def __init__(self):
+            super().__init__()
+            self.net = nn.Sequential(nn.Linear(VOCAB, 24), nn.LayerNorm(24), nn.GELU(), nn.Dropout(0.2),
+                                     nn.Linear(24, VOCAB))
+
+        def forward(self, ids):
+            return self.net(tt.tensor(np.eye(VOCAB, dtype=np.float32)[ids.numpy()])).reshape(-1, VOCAB)
+
+    class NextToken:
+        reduction = "mean"
+
+        def __call__(self, scores, targets):
+            return nn.CrossEntropyLoss()(scores, targets.reshape(-1))
+
+    def make_run():
+        model = CharModel()
+        optimizer = tt.AdamW(tt.optim.weight_decay_groups(model.parameters(), 0.1), lr=1e-2, betas=(0.9, 0.99))
+        schedule = tt.CosineSchedule(max_lr=1e-2, min_lr=1e-3, total_epochs=30, warmup_epochs=5)
+        trainer = tt.Trainer(model, optimizer, NextToken(), scheduler=schedule, scheduler_interval="step",
+                             grad_clip_norm=1.0)
+        cut = int(0.9 * len(TOKENS))  # held-out text: the last 10%
+        train = DataLoader(TokenWindows(TOKENS[:cut], CONTEXT), batch_size=16, shuffle=True)  # 22 batches an epoch
+        val = DataLoader(TokenWindows(TOKENS[cut:], CONTEXT, stride=CONTEXT), batch_size=1, shuffle=True)
+        return trainer, train, val
+    """
+)
+
+
+class Killed(Exception):
+    """The process dies here."""
+
+
+class KillAfterSavingAt(tt.callbacks.Callback):
+    def __init__(self, step: int, path: Path) -> None:
+        self.step, self.path = step, path
+
+    def on_checkpoint(self, trainer, logs) -> None:
+        if logs["step"] == self.step:
+            trainer.save_checkpoint(self.path)
+            raise Killed
+
+
+def test_a_run_by_steps_killed_mid_run_resumes_bit_identically_in_a_new_process(tmp_path: Path) -> None:
+    namespace: dict = {}
+    exec(RUN_BY_STEPS, namespace)
+    make_run, fit = namespace["make_run"], namespace["FIT"]
+
+    tt.manual_seed(0)
+    straight, train, val = make_run()
+    straight.fit(train, val, **fit)
+
+    tt.manual_seed(0)
+    first, train, val = make_run()
+    with pytest.raises(Killed):
+        first.fit(train, val, callbacks=[KillAfterSavingAt(20, tmp_path / "step-20.ckpt")], **fit)
+    assert train.state_dict()["position"] not in (0, len(train)), "the checkpoint is taken mid-epoch"
+
+    script = RUN_BY_STEPS + textwrap.dedent(
+        f"""
+        tt.manual_seed(12345)  # a different start: everything must come from the checkpoint
+        trainer, train, val = make_run()
+        trainer.load_checkpoint({str(tmp_path / "step-20.ckpt")!r})
+        trainer.fit(train, val, **FIT)
+        tt.serialization.write_checkpoint({str(tmp_path / "resumed.ckpt")!r}, {{
+            "model": {{name: t.numpy() for name, t in trainer.model.state_dict().items()}},
+            "history": trainer.history, "counters": [trainer.epoch, trainer.step]}})
+        """
+    )
+    result = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+
+    resumed = read_checkpoint(tmp_path / "resumed.ckpt")
+    assert resumed["counters"] == [straight.epoch, straight.step] == [0, 30]
+    for name, tensor in straight.model.state_dict().items():
+        assert np.array_equal(resumed["model"][name], tensor.numpy()), f"{name} differs after resuming"
+    assert straight.history["step"] == [10, 20, 30]
+    for key in ("train_loss", "eval_loss", "learning_rates", "grad_norm", "skipped_steps", "step"):
+        assert resumed["history"][key] == straight.history[key], key
+
+
 def everything_of(trainer: tt.Trainer) -> dict:
     """What a failed load must leave as it was (the next random draws included, taken on a copy of the state)."""
     state = capture_rng_state()

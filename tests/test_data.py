@@ -1,5 +1,6 @@
 """Module 08: Dataset, TensorDataset, batch_indices, collate and the DataLoader
-(batching, dtypes, devices, shuffling, epochs, exact resume, errors)."""
+(batching, dtypes, devices, shuffling, epochs, exact resume, errors), and
+TokenWindows (a language model's windows of a token stream)."""
 from __future__ import annotations
 
 import pickle
@@ -11,7 +12,7 @@ from hypothesis import strategies as st
 
 import tinytrain as tt
 from tinytrain.backend import get_backend
-from tinytrain.data import DataLoader, Dataset, TensorDataset, batch_indices, collate
+from tinytrain.data import DataLoader, Dataset, TensorDataset, TokenWindows, batch_indices, collate
 
 
 def labelled(n: int, features: int = 3) -> TensorDataset:
@@ -508,3 +509,79 @@ def test_loading_a_position_outside_the_epoch_raises():
 def test_repr_names_the_settings():
     text = repr(DataLoader(labelled(10), batch_size=3, shuffle=True, seed=0))
     assert "batch_size=3" in text and "shuffle=True" in text and "10 samples" in text
+
+
+
+# -- TokenWindows -------------------------------------------------------------------------------
+
+@given(n=st.integers(2, 40), context=st.integers(1, 12), stride=st.integers(1, 12))
+def test_token_windows_are_every_window_with_its_next_tokens(n, context, stride):
+    tokens = np.random.default_rng(n).integers(0, 1000, n)
+    if n < context + 1:
+        with pytest.raises(ValueError, match=f"needs {context + 1} tokens.*has {n}"):
+            TokenWindows(tokens, context, stride)
+        return
+    windows = TokenWindows(tokens, context, stride)
+    starts = list(range(0, n - context, stride))  # the last target, tokens[s + context], must exist
+    assert len(windows) == len(starts)
+    inputs, targets = windows.__getitems__(np.arange(len(windows)))
+    np.testing.assert_array_equal(inputs, [tokens[s:s + context] for s in starts])
+    np.testing.assert_array_equal(targets, [tokens[s + 1:s + context + 1] for s in starts])
+    x, y = windows[-1]
+    np.testing.assert_array_equal(x, tokens[starts[-1]:starts[-1] + context])
+    np.testing.assert_array_equal(y, tokens[starts[-1] + 1:starts[-1] + context + 1])
+
+
+def test_token_windows_batches_are_int64_tensors_on_the_loaders_device(device):
+    stream = tt.tensor(np.arange(50), device=device)  # a tensor stream is copied to the host
+    assert type(TokenWindows(stream, context=8).tokens) is np.ndarray
+    windows = TokenWindows(np.arange(50, dtype=np.uint16), context=8, stride=8)
+    assert len(windows) == 6
+    batches = list(DataLoader(windows, batch_size=4, device=device))
+    assert [(xb.shape, yb.shape) for xb, yb in batches] == [((4, 8), (4, 8)), ((2, 8), (2, 8))]
+    xb, yb = batches[1]
+    assert xb.dtype == yb.dtype == np.int64 and xb.device == yb.device == get_backend(device).device
+    np.testing.assert_array_equal(xb.numpy(), np.arange(32, 48).reshape(2, 8))
+    np.testing.assert_array_equal(yb.numpy(), np.arange(33, 49).reshape(2, 8))
+
+
+def test_token_windows_resume_mid_epoch_exactly():
+    windows = TokenWindows(np.arange(200) % 37, context=5)
+
+    def batches(loader, count=None):
+        served = []
+        for xb, yb in loader:
+            served.append((xb.numpy().tolist(), yb.numpy().tolist()))
+            if len(served) == count:
+                break
+        return served
+
+    straight = DataLoader(windows, batch_size=16, shuffle=True, seed=11)
+    expected = batches(straight) + batches(straight)
+    interrupted = DataLoader(windows, batch_size=16, shuffle=True, seed=11)
+    served = batches(interrupted) + batches(interrupted, count=4)
+    state = pickle.loads(pickle.dumps(interrupted.state_dict()))
+    resumed = DataLoader(windows, batch_size=16, shuffle=True, seed=0)
+    resumed.load_state_dict(state)
+    assert served + batches(resumed) == expected
+
+
+def test_token_windows_refuse_what_is_not_a_stream():
+    with pytest.raises(ValueError, match=r"1-D stream.*\(2, 5\)"):
+        TokenWindows(np.zeros((2, 5), dtype=np.int64), 2)
+    with pytest.raises(TypeError, match="integer token ids.*float64"):
+        TokenWindows(np.zeros(10), 2)
+    with pytest.raises(ValueError, match="context.*>= 1.*context=0"):
+        TokenWindows(np.arange(10), 0)
+    with pytest.raises(ValueError, match="stride.*>= 1.*stride=0"):
+        TokenWindows(np.arange(10), 2, stride=0)
+    with pytest.raises(TypeError, match="context.*whole number"):
+        TokenWindows(np.arange(10), 2.0)
+    with pytest.raises(ValueError, match="context=4 needs 5 tokens.*has 4"):
+        TokenWindows(np.arange(4), 4)
+    windows = TokenWindows(np.arange(10), 4, stride=2)  # windows at 0, 2, 4
+    with pytest.raises(IndexError, match="window 3 is out of range for 3 windows"):
+        windows[3]
+    with pytest.raises(IndexError, match="window -4"):
+        windows[-4]
+    assert repr(windows) == "TokenWindows(3 windows of context=4, stride=2, from 10 tokens)"

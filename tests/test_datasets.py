@@ -25,6 +25,7 @@ import pytest
 
 import tinytrain as tt
 from tinytrain.datasets import images
+from tinytrain.datasets import text as text_module
 from tinytrain.data import DataLoader
 from tinytrain.datasets import (
     CIFAR10,
@@ -39,6 +40,7 @@ from tinytrain.datasets import (
     parse_cifar_batch,
     parse_idx,
     read_idx,
+    shakespeare,
 )
 
 
@@ -178,6 +180,20 @@ def test_digits_file_checksum_is_verified(monkeypatch):
     with pytest.raises(ChecksumError) as error:
         Digits()
     assert "0" * 64 in str(error.value) and sha256(shipped) in str(error.value)
+
+
+def test_shakespeare_ships_compressed_and_is_checked_on_every_call(monkeypatch):
+    from importlib.resources import files
+
+    text = shakespeare()
+    assert len(text) == 1_115_394 and text.count("\n") == 40_000 and len(set(text)) == 65
+    assert text.startswith("First Citizen:\nBefore we proceed any further, hear me speak.")
+    assert sha256(text.encode("utf-8")) == text_module.SHAKESPEARE_SHA256
+    assert len((files("tinytrain.datasets") / "files" / "tinyshakespeare.txt.gz").read_bytes()) < 450_000
+    monkeypatch.setattr(text_module, "SHAKESPEARE_SHA256", "0" * 64)
+    with pytest.raises(ChecksumError) as error:
+        shakespeare()
+    assert "0" * 64 in str(error.value) and sha256(text.encode("utf-8")) in str(error.value)
 
 
 def test_digits_works_with_the_loaders_fast_path(device, canonical_device):

@@ -115,6 +115,8 @@ def labels(n: int, classes: int) -> np.ndarray:
 
 # -- operations: forward and backward of every differentiable op ----------------------------------
 LABELS, PROBABILITIES = labels(6, 4), RNG.dirichlet(np.ones(4), 6)
+TOKENS = np.array([[1, 4, 1], [0, 1, 1]])  # repeated ids: the embedding's backward adds them up
+ATTENTION_MASK = np.array([[True, False, True], [False, False, False], [True, True, True]])  # row 1: nothing allowed
 REGRESSION, BINARY = normal(6, 2), RNG.random(6)
 # name -> (input arrays (all get requires_grad), fn(device, *tensors) -> Tensor)
 OPS = {
@@ -168,13 +170,20 @@ OPS = {
     "F_max_pool2d_overlapping": ([normal(1, 2, 7, 7)], lambda d, x: F.max_pool2d(x, 3, stride=2)),
     "F_avg_pool2d": ([normal(2, 3, 6, 6)], lambda d, x: F.avg_pool2d(x, 2)),
     "F_avg_pool2d_overlapping": ([normal(1, 2, 7, 7)], lambda d, x: F.avg_pool2d(x, 3, stride=2)),
+    "F_embedding": ([normal(5, 3)], lambda d, w: F.embedding(tt.tensor(TOKENS, device=d), w)),  # backward: scatter-add
+    "F_scaled_dot_product_attention": ([normal(2, 4, 3), normal(2, 5, 3), normal(2, 5, 2)],
+                                       lambda d, q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True)),
+    "F_scaled_dot_product_attention_mask": (
+        [normal(2, 3, 4), normal(2, 3, 4), normal(2, 3, 2)],
+        lambda d, q, k, v: F.scaled_dot_product_attention(q, k, v, attn_mask=tt.tensor(ATTENTION_MASK, device=d))),
 }
 FUNCTIONAL_CASES = {  # every public name of tt.nn.functional -> the OPS cases that run it
     "relu": "F_activations", "sigmoid": "F_activations", "tanh": "F_activations", "gelu": "F_activations",
     "softmax": "F_softmaxes", "log_softmax": "F_softmaxes", "linear": "F_linear", "dropout": "F_dropout_eval",
     "cross_entropy": "F_cross_entropy", "mse_loss": "F_mse_loss", "binary_cross_entropy": "F_binary_cross_entropy",
     "binary_cross_entropy_with_logits": "F_binary_cross_entropy_with_logits", "conv2d": "F_conv2d",
-    "max_pool2d": "F_max_pool2d", "avg_pool2d": "F_avg_pool2d",
+    "max_pool2d": "F_max_pool2d", "avg_pool2d": "F_avg_pool2d", "embedding": "F_embedding",
+    "scaled_dot_product_attention": "F_scaled_dot_product_attention",
 }
 
 
@@ -284,6 +293,10 @@ MODULES = {
     "CrossEntropyLoss": (nn.CrossEntropyLoss, [normal(6, 4)], [labels(6, 4)]),
     "BCELoss": (nn.BCELoss, [RNG.uniform(0.1, 0.9, 6).astype(np.float32)], [RNG.random(6)]),
     "BCEWithLogitsLoss": (nn.BCEWithLogitsLoss, [normal(6)], [RNG.random(6)]),
+    "Embedding": (lambda: nn.Embedding(6, 3), [], [TOKENS]),
+    "LearnedPositionalEncoding": (lambda: nn.LearnedPositionalEncoding(5, 3), [normal(2, 4, 3)], []),
+    "SinusoidalPositionalEncoding": (lambda: nn.SinusoidalPositionalEncoding(5, 4), [normal(2, 4, 4)], []),
+    "CausalSelfAttention": (lambda: nn.CausalSelfAttention(6, 2), [normal(2, 4, 6)], []),
 }
 MODULE_CASES = {  # every public Module class of tt.nn -> a case that runs it
     "Linear": "Linear", "ReLU": "Sequential_activations", "Sigmoid": "Sequential_activations",
@@ -292,7 +305,9 @@ MODULE_CASES = {  # every public Module class of tt.nn -> a case that runs it
     "Flatten": "Flatten", "Dropout": "Dropout_eval", "LayerNorm": "LayerNorm", "BatchNorm1d": "BatchNorm1d",
     "Conv2d": "Conv2d", "MaxPool2d": "MaxPool2d", "AvgPool2d": "AvgPool2d", "BatchNorm2d": "BatchNorm2d",
     "MSELoss": "MSELoss", "CrossEntropyLoss": "CrossEntropyLoss", "BCELoss": "BCELoss",
-    "BCEWithLogitsLoss": "BCEWithLogitsLoss", "Checkpoint": "Checkpoint",
+    "BCEWithLogitsLoss": "BCEWithLogitsLoss", "Checkpoint": "Checkpoint", "Embedding": "Embedding",
+    "LearnedPositionalEncoding": "LearnedPositionalEncoding",
+    "SinusoidalPositionalEncoding": "SinusoidalPositionalEncoding", "CausalSelfAttention": "CausalSelfAttention",
 }
 
 

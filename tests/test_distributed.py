@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 import tinytrain as tt
 from tinytrain import nn
-from tinytrain.data import DataLoader, TensorDataset
+from tinytrain.data import DataLoader, TensorDataset, TokenWindows
 from tinytrain.distributed import (DataParallel, DistributedDataLoader, SingleProcess, average_gradients,
                                    shard_indices)
 
@@ -65,6 +65,15 @@ def test_ranks_batches_together_are_the_single_process_batches():
         for (a, _), (b, _), (whole, _) in zip(*ranks, single):
             assert sorted(np.concatenate([a.numpy(), b.numpy()]).sum(axis=1).tolist()) == \
                 sorted(whole.numpy().sum(axis=1).tolist())
+
+
+def test_ranks_share_the_windows_of_a_token_stream_each_epoch():
+    windows = TokenWindows(np.arange(103), context=6)  # 97 windows; a window's first token is its start
+    ranks = [DistributedDataLoader(windows, batch_size=7, shuffle=True, seed=1, comm=FakeRank(r)) for r in range(2)]
+    for _ in range(2):
+        starts = [sorted(int(s) for xb, _ in loader for s in xb.numpy()[:, 0]) for loader in ranks]
+        assert len(starts[0]) == len(starts[1]) == 49  # 97 windows: one is served twice to even the shards
+        assert set(starts[0]) | set(starts[1]) == set(range(97))
 
 
 def test_loader_state_refuses_another_world_size():

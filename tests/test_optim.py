@@ -332,11 +332,14 @@ def test_lr_setter_changes_the_next_step(device, kind, settings):
 def test_hyperparameters_are_python_floats(device):
     params = make_params(initial_values(), device)
     sgd = SGD(params, lr=np.float64(0.1), momentum=np.float32(0.5), weight_decay=np.float64(0.01))
-    adam = Adam(params, lr=np.float64(0.1), betas=[np.float64(0.9), 0.99], eps=np.float64(1e-6))
+    adam = Adam([{"params": params[:1], "eps": np.float32(1e-3)}, {"params": params[1:]}], lr=np.float64(0.1),
+                betas=[np.float64(0.9), 0.99], eps=np.float64(1e-6))
     sgd.lr = np.float64(0.2)
-    for value in (sgd.lr, sgd.momentum, sgd.weight_decay, adam.lr, *adam.betas, adam.eps, adam.weight_decay):
+    (sgd_group,), (first, second) = sgd.param_groups, adam.param_groups
+    for value in (sgd.lr, sgd_group["lr"], sgd_group["momentum"], sgd_group["weight_decay"], adam.lr,
+                  *first["betas"], first["eps"], second["eps"], first["weight_decay"], first["lr_scale"]):
         assert type(value) is float, type(value)
-    assert adam.betas == (0.9, 0.99)
+    assert first["betas"] == adam.defaults["betas"] == (0.9, 0.99)
     run(adam, params, gradient_sequence(2))
     assert all(p.dtype == np.float32 for p in params)
 
@@ -432,8 +435,9 @@ def test_state_dict_contents(device):
     optimizer = Adam(params, lr=0.01, betas=(0.8, 0.9))
     run(optimizer, params, gradient_sequence(2))
     saved = optimizer.state_dict()
-    assert saved["optimizer"] == "Adam"
-    assert saved["hyperparameters"] == {"lr": 0.01, "betas": [0.8, 0.9], "eps": 1e-8, "weight_decay": 0.0}
+    assert saved["optimizer"] == "Adam" and saved["lr"] == 0.01
+    assert saved["param_groups"] == [{"params": [0, 1, 2], "lr": 0.01, "betas": [0.8, 0.9], "eps": 1e-8,
+                                      "weight_decay": 0.0, "lr_scale": 1.0}]
     assert len(saved["state"]) == len(params)
     for state, p in zip(saved["state"], params):
         assert state["step"] == 2 and type(state["step"]) is int
@@ -442,7 +446,9 @@ def test_state_dict_contents(device):
     sgd = SGD(params, lr=0.5, momentum=0.9, nesterov=True)
     assert sgd.state_dict() == {
         "optimizer": "SGD",
-        "hyperparameters": {"lr": 0.5, "momentum": 0.9, "nesterov": True, "weight_decay": 0.0},
+        "lr": 0.5,
+        "param_groups": [{"params": [0, 1, 2], "lr": 0.5, "momentum": 0.9, "nesterov": True, "weight_decay": 0.0,
+                          "lr_scale": 1.0}],
         "state": [{}, {}, {}],
     }
 
@@ -546,14 +552,18 @@ def test_load_state_dict_refuses_a_mismatch_and_changes_nothing():
     with pytest.raises(ValueError, match=r"exp_avg.*\(7,\).*\(5,\)"):
         adam.load_state_dict(wrong_shape)
     bad_value = adam.state_dict()
-    bad_value["hyperparameters"]["lr"] = -1.0
+    bad_value["param_groups"][0]["lr"] = -1.0
     bad_value["state"][0]["step"] = 100
     with pytest.raises(ValueError, match="-1.0"):
         adam.load_state_dict(bad_value)
+    bad_rate = adam.state_dict()
+    bad_rate["lr"] = float("nan")
+    with pytest.raises(ValueError, match="nan"):
+        adam.load_state_dict(bad_rate)
     with pytest.raises(ValueError, match="state dict"):
         adam.load_state_dict({"weights": []})
     foreign = adam.state_dict()
-    foreign["hyperparameters"]["momentum"] = 0.9
+    foreign["param_groups"][0]["momentum"] = 0.9
     with pytest.raises(ValueError, match="momentum"):
         adam.load_state_dict(foreign)
     not_a_dict = adam.state_dict()
@@ -562,9 +572,191 @@ def test_load_state_dict_refuses_a_mismatch_and_changes_nothing():
         adam.load_state_dict(not_a_dict)
 
     after = adam.state_dict()
-    assert after["hyperparameters"] == before["hyperparameters"]
+    assert after["param_groups"] == before["param_groups"] and after["lr"] == before["lr"]
     for a, b in zip(after["state"], before["state"]):
         assert a["step"] == b["step"] and np.array_equal(a["exp_avg"], b["exp_avg"])
+
+
+# -- parameter groups ---------------------------------------------------------------------------
+
+GROUP_CONFIGS = [  # (kind, constructor settings, the second group's own settings)
+    ("sgd", dict(lr=0.1, momentum=0.9), dict(lr=0.02, momentum=0.0, weight_decay=0.1)),
+    ("sgd", dict(lr=0.05, momentum=0.5, nesterov=True), dict(momentum=0.8)),
+    ("adam", dict(lr=0.01), dict(lr=0.1, betas=(0.8, 0.99), eps=1e-6, weight_decay=0.1)),
+    ("adamw", dict(lr=0.01, weight_decay=0.1), dict(weight_decay=0.0)),
+    ("adamw", dict(lr=0.1, betas=(0.9, 0.99)), dict(lr=0.01, weight_decay=0.5)),
+]
+
+
+def grouped_reference(kind, values, grads, lrs, settings, own):
+    """The trajectory of [p0] with ``settings`` and [p1, p2] with ``own`` over them, each by ``reference``."""
+    rates = [lr * own.get("lr", settings["lr"]) / settings["lr"] for lr in lrs]  # the second group's lr_scale
+    first = reference(kind, values[:1], [g[:1] for g in grads], lrs, **settings)
+    second = reference(kind, values[1:], [g[1:] for g in grads], rates, **{**settings, **own})
+    return [a + b for a, b in zip(first, second)]
+
+
+@pytest.mark.parametrize("kind, settings, own", GROUP_CONFIGS)
+def test_each_group_steps_with_its_own_hyperparameters(device, kind, settings, own):
+    values, grads = initial_values(), gradient_sequence()
+    params = make_params(values, device)
+    optimizer = OPTIMIZERS[kind]([{"params": params[:1]}, {"params": params[1:], **own}], **settings)
+    lrs = [settings["lr"]] * 2 + [settings["lr"] * 0.3] * 2 + [settings["lr"] * 2.0] * 2  # a schedule sets lr
+    got = run(optimizer, params, grads, lrs=lrs)
+    assert_trajectories_close(got, grouped_reference(kind, values, grads, lrs, settings, own))
+
+
+@pytest.mark.parametrize("kind, settings, own", GROUP_CONFIGS)
+def test_groups_match_pytorch(kind, settings, own):
+    torch = pytest.importorskip("torch")
+    values, grads = initial_values(), gradient_sequence()
+    params = make_params(values, "cpu")
+    got = run(OPTIMIZERS[kind]([{"params": params[:1]}, {"params": params[1:], **own}], **settings), params, grads)
+    torch_params = [torch.tensor(v, requires_grad=True) for v in values]
+    torch_class = {"sgd": torch.optim.SGD, "adam": torch.optim.Adam, "adamw": torch.optim.AdamW}[kind]
+    torch_optimizer = torch_class([{"params": torch_params[:1]}, {"params": torch_params[1:], **own}], **settings)
+    expected = []
+    for step_grads in grads:
+        for p, g in zip(torch_params, step_grads):
+            p.grad = torch.tensor(g)
+        torch_optimizer.step()
+        expected.append([p.detach().numpy().copy() for p in torch_params])
+    assert_trajectories_close(got, expected)
+
+
+def test_lr_sets_every_group_keeping_the_ratio_of_a_group_with_its_own_rate():
+    params = make_params(initial_values(), "cpu")
+    optimizer = AdamW([{"params": params[:1]}, {"params": params[1:2], "lr": 1e-4}, {"params": params[2:]}], lr=1e-3)
+    assert [group["lr_scale"] for group in optimizer.param_groups] == [1.0, 1e-4 / 1e-3, 1.0]
+    for rate in (0.37, 3e-5, 1e-3):
+        optimizer.lr = rate
+        first, second, third = (group["lr"] for group in optimizer.param_groups)
+        assert first == third == optimizer.lr == rate  # exactly: the schedule's value itself
+        assert math.isclose(second, rate / 10, rel_tol=1e-15)
+    with pytest.raises(ValueError, match="lr"):
+        optimizer.lr = -1.0
+    assert [group["lr"] for group in optimizer.param_groups][::2] == [1e-3, 1e-3]
+
+
+def test_a_changed_group_setting_applies_at_the_next_step(device):
+    values, grads = initial_values(), gradient_sequence(2)
+    params = make_params(values, device)
+    optimizer = SGD(params, lr=0.1)
+    optimizer.param_groups[0]["weight_decay"] = 0.5  # as with PyTorch: the groups hold the live values
+    got = run(optimizer, params, grads)
+    assert_trajectories_close(got, reference("sgd", values, grads, [0.1, 0.1], lr=0.1, weight_decay=0.5))
+
+
+@pytest.mark.parametrize("kind, settings, own", GROUP_CONFIGS)
+def test_state_dict_round_trip_with_groups_is_bit_identical(device, kind, settings, own):
+    values, grads = initial_values(), gradient_sequence()
+    lrs = [settings["lr"] * f for f in (1.0, 0.5, 0.25, 0.125, 0.1, 0.05)]
+
+    def groups(params, **changed):
+        return [{"params": params[:1]}, {"params": params[1:], **own, **changed}]
+
+    straight = make_params(values, device)
+    run(OPTIMIZERS[kind](groups(straight), **settings), straight, grads, lrs)
+    first = make_params(values, device)
+    optimizer = OPTIMIZERS[kind](groups(first), **settings)
+    run(optimizer, first, grads[:3], lrs[:3])
+    saved = pickle.loads(pickle.dumps(optimizer.state_dict()))
+    assert is_plain(saved), saved
+    resumed = [tt.tensor(p.numpy(), device=device, requires_grad=True) for p in first]
+    fresh = OPTIMIZERS[kind](groups(resumed, lr=7.0), lr=123.0)  # every rate and setting comes back from the state
+    fresh.load_state_dict(saved)
+    assert fresh.lr == optimizer.lr
+    assert [{k: v for k, v in g.items() if k != "params"} for g in fresh.param_groups] == \
+        [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups]
+    run(fresh, resumed, grads[3:], lrs[3:])
+    for a, b in zip(resumed, straight):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())
+
+
+def test_load_state_dict_refuses_other_groups_and_changes_nothing():
+    params = make_params(initial_values(), "cpu")
+    optimizer = Adam([{"params": params[:1], "weight_decay": 0.1}, {"params": params[1:]}], lr=0.01)
+    run(optimizer, params, gradient_sequence(1))
+    before = optimizer.state_dict()
+    with pytest.raises(ValueError, match="1 parameter groups, this optimizer has 2"):
+        optimizer.load_state_dict(Adam(params, lr=0.01).state_dict())
+    other_split = Adam([{"params": params[:2]}, {"params": params[2:]}], lr=0.01).state_dict()
+    with pytest.raises(ValueError, match=r"group 0 .* holds parameters \[0, 1\], this optimizer's holds \[0\]"):
+        optimizer.load_state_dict(other_split)
+    bad_scale = optimizer.state_dict()
+    bad_scale["param_groups"][1]["lr_scale"] = 0.0
+    with pytest.raises(ValueError, match="lr_scale"):
+        optimizer.load_state_dict(bad_scale)
+    bad_setting = optimizer.state_dict()
+    bad_setting["param_groups"][1]["eps"] = -1.0
+    with pytest.raises(ValueError, match="eps.*-1.0"):
+        optimizer.load_state_dict(bad_setting)
+    after = optimizer.state_dict()
+    assert after["param_groups"] == before["param_groups"] and after["lr"] == before["lr"]
+
+
+def test_a_state_dict_saved_before_groups_loads_as_one_group():
+    values, grads = initial_values(), gradient_sequence()
+    straight = make_params(values, "cpu")
+    run(SGD(straight, lr=0.1, momentum=0.9), straight, grads)
+    first = make_params(values, "cpu")
+    optimizer = SGD(first, lr=0.1, momentum=0.9)
+    run(optimizer, first, grads[:3])
+    saved = optimizer.state_dict()
+    old = {"optimizer": "SGD", "hyperparameters": {"lr": 0.1, "momentum": 0.9, "nesterov": False,
+                                                   "weight_decay": 0.0}, "state": saved["state"]}
+    resumed = [tt.tensor(p.numpy(), requires_grad=True) for p in first]
+    fresh = SGD(resumed, lr=5.0)
+    fresh.load_state_dict(old)
+    assert fresh.lr == 0.1 and fresh.param_groups[0]["momentum"] == 0.9
+    run(fresh, resumed, grads[3:])
+    for a, b in zip(resumed, straight):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())
+    with pytest.raises(ValueError, match="1 parameter groups, this optimizer has 2"):
+        SGD([{"params": resumed[:1]}, {"params": resumed[1:]}], lr=0.1, momentum=0.9).load_state_dict(old)
+
+
+def test_weight_decay_groups_decay_the_matrices_only():
+    tt.manual_seed(0)
+    model = tt.nn.Sequential(tt.nn.Linear(4, 3), tt.nn.LayerNorm(3), tt.nn.Linear(3, 2, bias=False))
+    decay, keep = tt.optim.weight_decay_groups(model.parameters(), 0.1)
+    assert decay["weight_decay"] == 0.1 and keep["weight_decay"] == 0.0
+    assert [p.shape for p in decay["params"]] == [(3, 4), (2, 3)]
+    assert [p.shape for p in keep["params"]] == [(3,), (3,), (3,)]  # a bias, LayerNorm's gain and shift
+    optimizer = AdamW(tt.optim.weight_decay_groups(model.parameters(), 0.1), lr=1e-3, betas=(0.9, 0.99))
+    before = [p.numpy() for p in model.parameters()]
+    for p in model.parameters():
+        p.grad = tt.zeros(*p.shape)  # only the decay acts
+    optimizer.step()
+    for p, old in zip(model.parameters(), before):
+        np.testing.assert_allclose(p.numpy(), old * (1 - 1e-4) if p.ndim >= 2 else old, rtol=1e-6)
+    with pytest.raises(ValueError, match="weight_decay.*-0.1"):
+        tt.optim.weight_decay_groups(model.parameters(), -0.1)
+    with pytest.raises(TypeError, match=r"params\[0\] is a ndarray"):
+        tt.optim.weight_decay_groups([np.zeros((2, 2))], 0.1)
+
+
+def test_bad_parameter_groups_are_refused(device):
+    w, v = (tt.zeros(*shape, device=device, requires_grad=True) for shape in ((2, 2), (2,)))
+    with pytest.raises(ValueError, match=r"params\[1\] is a parameter group with keys \['lr', 'parms'\].*needs 'params'"):
+        Adam([{"params": [w]}, {"parms": [v], "lr": 0.1}])
+    with pytest.raises(ValueError, match=r"keys \['momentum', 'params'\].*may set betas, eps, lr, weight_decay"):
+        Adam([{"params": [w], "momentum": 0.9}])
+    with pytest.raises(ValueError, match=r"params\[1\]\['params'\]\[0\] \(shape \(2, 2\)\) appears more than once.*"
+                                         r"params\[0\]\['params'\]\[0\]"):
+        Adam([{"params": [w]}, {"params": [w, v]}])
+    with pytest.raises(ValueError, match=r"params\[1\] \(a parameter group\): lr must be .*> 0, got lr=-0.1"):
+        Adam([{"params": [w]}, {"params": [v], "lr": -0.1}])
+    with pytest.raises(ValueError, match=r"params\[0\] \(a parameter group\): nesterov=True needs momentum > 0"):
+        SGD([{"params": [w], "nesterov": True}], lr=0.1)
+    with pytest.raises(ValueError, match=r"params\[0\]\['params'\]\[0\] .*does not require grad"):
+        Adam([{"params": [tt.zeros(2, device=device)]}])
+    with pytest.raises(TypeError, match=r"params\[0\]\['params'\] must be an iterable of tensors, got a single"):
+        Adam([{"params": w}])
+    with pytest.raises(ValueError, match="empty parameter list"):
+        Adam([{"params": []}, {"params": [], "lr": 0.1}])
+    optimizer = Adam([{"params": [w]}, {"params": []}])  # an empty group is allowed, as in PyTorch
+    assert optimizer.params == [w] and len(optimizer.param_groups) == 2
 
 
 # -- parameters and hyperparameters that are refused -----------------------------------------
@@ -622,8 +814,10 @@ def test_bad_parameter_lists_are_refused(device):
         Adam(w)
     with pytest.raises(TypeError, match=r"params\[0\] is a ndarray"):
         Adam([np.zeros(3)])
-    with pytest.raises(TypeError, match="parameter groups"):
-        Adam([{"params": [w]}])
+    with pytest.raises(TypeError, match="mixes tensors and parameter groups"):
+        Adam([w, {"params": [tt.zeros(2, device=device, requires_grad=True)]}])
+    with pytest.raises(TypeError, match="got a dict; pass \\[group\\]"):
+        Adam({"params": [w]})
     with pytest.raises(TypeError, match="iterable"):
         Adam(3)
 
@@ -637,8 +831,11 @@ def test_gradient_of_the_wrong_shape_is_refused(device):
 
 def test_repr_names_the_hyperparameters():
     text = repr(AdamW(make_params(initial_values(), "cpu")))
-    assert text.startswith("AdamW(3 parameters") and "weight_decay=0.01" in text
-    assert math.isclose(AdamW(make_params(initial_values(), "cpu")).weight_decay, 0.01)
+    assert text.startswith("AdamW(3 parameters, lr=0.001") and "weight_decay=0.01" in text
+    params = make_params(initial_values(), "cpu")
+    grouped = AdamW([{"params": params[:1]}, {"params": params[1:], "weight_decay": 0.0}])
+    assert repr(grouped).startswith("AdamW(3 parameters in 2 groups, lr=0.001")
+    assert math.isclose(grouped.defaults["weight_decay"], 0.01)
 
 
 def test_public_names():

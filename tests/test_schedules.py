@@ -190,3 +190,21 @@ def test_every_subclass_gets_a_checked_epoch() -> None:
     assert Halving().get_lr(2) == 0.25 and Halving()(np.int64(1)) == 0.5
     with pytest.raises(TypeError, match=r"epoch=1\.5"):
         Halving().get_lr(1.5)
+
+
+def test_cosine_over_steps_is_nanogpts_warmup_and_cosine() -> None:
+    """Counted in steps (Trainer(scheduler_interval="step")), CosineSchedule is nanoGPT's get_lr."""
+    learning_rate, min_lr, warmup_iters, lr_decay_iters = 1e-3, 1e-4, 100, 2000
+
+    def nanogpt(it: int) -> float:  # nanoGPT's train.py, as published
+        if it < warmup_iters:
+            return learning_rate * (it + 1) / (warmup_iters + 1)
+        if it > lr_decay_iters:
+            return min_lr
+        decay_ratio = (it - warmup_iters) / (lr_decay_iters - warmup_iters)
+        coeff = 0.5 * (1.0 + math.cos(math.pi * decay_ratio))
+        return min_lr + coeff * (learning_rate - min_lr)
+
+    schedule = CosineSchedule(max_lr=1e-3, min_lr=1e-4, total_epochs=2000, warmup_epochs=100)
+    for step in range(2101):
+        assert math.isclose(schedule.get_lr(step), nanogpt(step), rel_tol=1e-12, abs_tol=1e-18), step

@@ -411,7 +411,7 @@ def test_fit_checks_its_arguments_before_anything_runs(arguments, match) -> None
 def test_a_callback_can_stop_fit() -> None:
     class StopAtTwo(tt.callbacks.Callback):
         def on_epoch_end(self, trainer, logs):
-            assert set(logs) == {"epoch", "lr", "train_loss", "eval_loss", "eval_accuracy", "grad_norm", "seconds"}
+            assert set(logs) == {"epoch", "step", "lr", "train_loss", "eval_loss", "eval_accuracy", "grad_norm", "seconds"}
             assert logs["eval_loss"] is None and logs["epoch"] == trainer.epoch
             trainer.stop_training = trainer.epoch == 2
 
@@ -559,3 +559,224 @@ def test_a_step_that_raises_leaves_batchnorm_running_statistics_as_they_were() -
         trainer.train_epoch(DataLoader(TensorDataset(spoiled, LABELS[:25]), batch_size=25))
     for key, value in before.items():
         np.testing.assert_array_equal(running_statistics(model)[key], value, err_msg=key)
+
+
+# -- schedules per step, and fit(max_steps=...) ---------------------------------------------------
+
+class RecordingSGD(tt.SGD):
+    """SGD that records the rate of every step it takes."""
+
+    def __init__(self, params, lr):
+        super().__init__(params, lr=lr)
+        self.seen: list[float] = []
+
+    def step(self):
+        self.seen.append(self.lr)
+        super().step()
+
+
+def step_trainer(schedule=None, lr: float = 0.1, **settings) -> Trainer:
+    model = make_model()
+    return Trainer(model, RecordingSGD(model.parameters(), lr=lr), nn.CrossEntropyLoss(), scheduler=schedule,
+                   scheduler_interval="step", **settings)
+
+
+def test_a_per_step_schedule_gives_step_t_the_rate_get_lr_t() -> None:
+    schedule = tt.CosineSchedule(max_lr=0.2, min_lr=0.02, total_epochs=6, warmup_epochs=2)
+    trainer = step_trainer(schedule)
+    trainer.fit(DataLoader(dataset(128), batch_size=32, shuffle=True, seed=0), epochs=2, progress=False)
+    expected = [schedule.get_lr(t) for t in range(8)]
+    assert trainer.optimizer.seen == expected and expected[:3] == [0.2 / 3, 0.4 / 3, 0.2]
+    assert trainer.history["learning_rates"] == [expected[3], expected[7]], "a row records the rate of its last step"
+    assert trainer.history["step"] == [4, 8]
+
+
+def test_a_skipped_step_does_not_advance_a_per_step_schedule() -> None:
+    class NanSecond:
+        reduction = "mean"
+
+        def __init__(self):
+            self.calls = 0
+
+        def __call__(self, outputs, targets):
+            self.calls += 1
+            loss = nn.CrossEntropyLoss()(outputs, targets)
+            return loss * float("nan") if self.calls == 2 else loss
+
+    schedule = tt.StepSchedule(lr=1.0, step_size=1, gamma=0.5)  # step t at 2 ** -t
+    model = make_model()
+    trainer = Trainer(model, RecordingSGD(model.parameters(), lr=9.0), NanSecond(), scheduler=schedule,
+                      scheduler_interval="step")
+    trainer.train_epoch(DataLoader(dataset(128), batch_size=32))
+    assert trainer.skipped_steps == 1 and trainer.optimizer.seen == [1.0, 0.5, 0.25]
+
+
+def test_fit_by_steps_rows_at_every_evaluation_and_across_epochs() -> None:
+    train = DataLoader(dataset(64), batch_size=16, shuffle=True, seed=3)  # 4 batches an epoch
+    val = DataLoader(dataset(40), batch_size=20)
+    trainer = step_trainer(lr=0.1)
+    history = trainer.fit(train, val, max_steps=10, eval_every=4, progress=False)
+    assert trainer.step == 10 and trainer.epoch == 0 and history["step"] == [4, 8, 10]
+    assert all(len(history[key]) == 3 for key in tt.training.HISTORY_KEYS)
+    assert train.epoch == 2 and train.state_dict()["position"] == 2, "10 batches: two epochs and two batches"
+    again = DataLoader(dataset(64), batch_size=16, shuffle=True, seed=3)
+    batches = [batch for _ in range(3) for batch in again][:10]  # the same ten batches, epoch after epoch
+    reference = step_trainer(lr=0.1)
+    reference.train_epoch(batches)
+    assert all(np.array_equal(a, b) for a, b in zip(weights(reference.model), weights(trainer.model)))
+    assert history["eval_loss"][-1] == trainer.evaluate(val)[0]
+
+
+def test_each_row_reports_the_mean_loss_per_sample_of_its_own_steps() -> None:
+    losses: list[tuple[float, int]] = []
+
+    class Recorded:
+        reduction = "mean"
+
+        def __call__(self, outputs, targets):
+            loss = nn.CrossEntropyLoss()(outputs, targets)
+            losses.append((loss.item(), len(targets)))
+            return loss
+
+    model = make_model()
+    trainer = Trainer(model, tt.SGD(model.parameters(), lr=0.1), Recorded())
+    history = trainer.fit(DataLoader(dataset(50), batch_size=20), max_steps=5, eval_every=3, progress=False)
+    rows = [losses[:3], losses[3:5]]  # batches of 20, 20, 10 | 20, 20
+    expected = [sum(m * n for m, n in row) / sum(n for _, n in row) for row in rows]
+    np.testing.assert_allclose(history["train_loss"], expected, rtol=1e-6)
+    assert history["step"] == [3, 5] and history["eval_loss"] == []
+
+
+def test_eval_batches_reads_the_val_loader_as_a_stream() -> None:
+    val = DataLoader(dataset(60), batch_size=20)  # 3 batches
+    trainer = step_trainer()
+    evaluated: list[list] = []
+    original = trainer.evaluate
+
+    def recording_evaluate(batches):
+        batches = list(batches)
+        evaluated.append([yb.numpy().tolist() for _, yb in batches])
+        return original(batches)
+
+    trainer.evaluate = recording_evaluate
+    trainer.fit(DataLoader(dataset(64), batch_size=32), val, max_steps=6, eval_every=2, eval_batches=2,
+                progress=False)
+    labels = [yb.numpy().tolist() for _, yb in val]
+    assert evaluated == [labels[0:2], [labels[2], labels[0]], labels[1:3]]
+
+
+def test_an_endless_loader_trains_by_steps_and_needs_eval_batches_to_evaluate() -> None:
+    class Endless:
+        """Random batches forever, no len()."""
+
+        def __init__(self):
+            self.rng = np.random.default_rng(0)
+
+        def __iter__(self):
+            while True:
+                rows = self.rng.integers(0, 256, 16)
+                yield tt.tensor(FEATURES[rows]), tt.tensor(LABELS[rows])
+
+    trainer = step_trainer()
+    trainer.fit(Endless(), Endless(), max_steps=7, eval_every=5, eval_batches=3, progress=False)
+    assert trainer.step == 7 and trainer.history["step"] == [5, 7] and len(trainer.history["eval_loss"]) == 2
+    with pytest.raises(ValueError, match=r"val_loader \(a Endless\) has no len\(\).*eval_batches=N"):
+        trainer.fit(Endless(), Endless(), max_steps=9, progress=False)
+    assert trainer.step == 7
+
+
+def test_fit_by_steps_with_accumulation_counts_optimizer_steps() -> None:
+    train = DataLoader(dataset(64), batch_size=16)
+    trainer = step_trainer()
+    trainer.fit(train, max_steps=3, accumulation_steps=2, progress=False)
+    assert trainer.step == 3 and len(trainer.optimizer.seen) == 3
+    assert (train.epoch, train.state_dict()["position"]) == (1, 2), "6 batches read, a window spans two epochs"
+
+
+def test_fit_by_steps_continues_where_the_last_fit_stopped() -> None:
+    def run(*targets: int) -> Trainer:
+        tt.manual_seed(5)
+        model = nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Dropout(0.2), nn.Linear(16, 3))
+        schedule = tt.CosineSchedule(max_lr=0.1, min_lr=0.01, total_epochs=12, warmup_epochs=3)
+        trainer = Trainer(model, tt.AdamW(tt.optim.weight_decay_groups(model.parameters(), 0.1), lr=0.1),
+                          nn.CrossEntropyLoss(), scheduler=schedule, scheduler_interval="step", grad_clip_norm=1.0)
+        train = DataLoader(dataset(100), batch_size=16, shuffle=True, seed=2)  # 7 batches: epochs end mid-run
+        val = DataLoader(dataset(90), batch_size=30, shuffle=True, seed=4)
+        for target in targets:
+            trainer.fit(train, val, max_steps=target, eval_every=4, eval_batches=2, progress=False)
+        return trainer
+
+    straight, pieces, halves = run(14), run(5, 9, 14), run(8, 14)
+    assert all(np.array_equal(a, b) for a, b in zip(weights(straight.model), weights(pieces.model)))
+    assert straight.history["step"] == [4, 8, 12, 14] and pieces.history["step"] == [4, 5, 8, 9, 12, 14]
+    assert all(np.array_equal(a, b) for a, b in zip(weights(straight.model), weights(halves.model)))
+    for key in ("train_loss", "eval_loss", "learning_rates", "grad_norm", "step"):
+        assert halves.history[key] == straight.history[key], f"{key}: the val stream continues too"
+
+
+def test_a_callback_sees_the_step_and_can_stop_fit_by_steps() -> None:
+    class StopAtSix(tt.callbacks.Callback):
+        def on_epoch_end(self, trainer, logs):
+            assert logs["step"] == trainer.step and logs["epoch"] == trainer.epoch == 0
+            trainer.stop_training = logs["step"] >= 6
+
+    trainer = step_trainer()
+    trainer.fit(DataLoader(dataset(64), batch_size=16), max_steps=100, eval_every=3, callbacks=[StopAtSix()],
+                progress=False)
+    assert trainer.step == 6 and trainer.history["step"] == [3, 6]
+    with pytest.warns(UserWarning, match=r"fit\(max_steps=4\): the trainer is at step 6, past the target 4"):
+        trainer.fit(DataLoader(dataset(64), batch_size=16), max_steps=4, progress=False)
+    assert trainer.step == 6
+
+
+@pytest.mark.parametrize("arguments, error, match", [
+    ({"epochs": 2, "max_steps": 5}, ValueError, r"epochs or max_steps, not both: got epochs=2, max_steps=5"),
+    ({"eval_every": 5}, ValueError, r"eval_every belongs to fit\(max_steps=...\).*got eval_every=5"),
+    ({"epochs": 3, "eval_batches": 2}, ValueError, r"eval_batches belongs to fit\(max_steps=...\)"),
+    ({"max_steps": -1}, ValueError, r"max_steps must be a whole number >= 0, got max_steps=-1"),
+    ({"max_steps": 5, "eval_every": 0}, ValueError, r"eval_every must be a whole number >= 1, got eval_every=0"),
+    ({"max_steps": 5, "eval_batches": 1.5}, TypeError, r"eval_batches must be a whole number, got eval_batches=1.5"),
+    ({"max_steps": 5.0}, TypeError, r"max_steps must be a whole number"),
+])
+def test_fit_by_steps_checks_its_arguments_before_anything_runs(arguments, error, match) -> None:
+    trainer = step_trainer()
+    before = weights(trainer.model)
+    with pytest.raises(error, match=match):
+        trainer.fit(DataLoader(dataset(10), batch_size=5), progress=False, **arguments)
+    assert trainer.step == 0 and trainer.history["train_loss"] == []
+    assert_close(weights(trainer.model), before, atol=0)
+
+
+def test_fit_by_steps_needs_a_schedule_over_steps() -> None:
+    model = make_model()
+    trainer = Trainer(model, tt.SGD(model.parameters(), lr=0.1), nn.CrossEntropyLoss(),
+                      scheduler=tt.CosineSchedule(0.1, 0.01, total_epochs=10))
+    with pytest.raises(ValueError, match=r"scheduler_interval='step'"):
+        trainer.fit(DataLoader(dataset(10), batch_size=5), max_steps=4, progress=False)
+    with pytest.raises(ValueError, match=r"scheduler_interval must be 'epoch' or 'step', got 'batch'"):
+        Trainer(model, tt.SGD(model.parameters(), lr=0.1), nn.CrossEntropyLoss(), scheduler_interval="batch")
+
+
+def test_fit_by_steps_on_a_loader_without_batches_is_an_error() -> None:
+    trainer = step_trainer()
+    with pytest.raises(ValueError, match="the train loader yielded no batches"):
+        trainer.fit([], max_steps=3, progress=False)
+    assert trainer.step == 0
+
+
+def test_fit_by_steps_draws_one_progress_bar_of_steps(capsys) -> None:
+    pytest.importorskip("tqdm")
+    trainer = step_trainer()
+    trainer.fit(DataLoader(dataset(64), batch_size=16), max_steps=5, eval_every=2, progress=True)
+    assert "5/5" in capsys.readouterr().err
+
+
+@pytest.mark.filterwarnings("ignore:.*encountered:RuntimeWarning")
+def test_fit_by_steps_stops_when_every_step_is_skipped() -> None:
+    """An endless stream of skipped steps never reaches max_steps: it stops with an error instead of hanging."""
+    model = make_model()
+    trainer = Trainer(model, tt.SGD(model.parameters(), lr=0.1), lambda out, y: nn.CrossEntropyLoss()(out, y) * np.nan)
+    train = DataLoader(dataset(64), batch_size=16, shuffle=True, seed=3)
+    with pytest.raises(FloatingPointError, match="100 steps in a row were skipped .* never reach step 5"):
+        trainer.fit(train, max_steps=5, progress=False)
+    assert trainer.step == 0 and trainer.skipped_steps == 100

@@ -2,6 +2,9 @@
 
 """Datasets and the DataLoader: samples in, shuffled batches of tensors out.
 
+:class:`TokenWindows` makes a language model's samples, windows of a stream of
+token ids with the next tokens as targets, from which a DataLoader draws batches.
+
 A :class:`Dataset` is anything with ``len(ds)`` and ``ds[i]``. A
 :class:`DataLoader` cuts each epoch's sample order into batches, gathers every
 batch (in one call when the dataset has ``__getitems__``, as
@@ -340,3 +343,61 @@ class DataLoader:
             f"DataLoader({len(self.dataset)} samples, batch_size={self.batch_size}, shuffle={self.shuffle}, "
             f"drop_last={self.drop_last}, device={self.device!r}, epoch={self.epoch})"
         )
+
+
+class TokenWindows(Dataset):
+    """The windows of a stream of token ids, as ``(inputs, targets)`` samples for a language model.
+
+    ``TokenWindows(tokens, context, stride=1)``: window ``i`` starts at token
+    ``s = i * stride``; its inputs are ``tokens[s : s + context]`` and its targets
+    the next tokens, ``tokens[s + 1 : s + context + 1]``. There are
+    ``(N - context - 1) // stride + 1`` windows in ``N`` tokens. ``stride=1`` (every
+    start) is for training with a shuffling :class:`DataLoader`, ``stride=context``
+    (windows side by side, each token predicted once) for evaluation.
+
+    ``tokens`` is a 1-D sequence of integer ids (a NumPy array is used as it is, a
+    tensor is copied to the host) with at least ``context + 1`` tokens. Raises
+    ``TypeError`` for ids that are not integers or a ``context`` or ``stride`` that
+    is not a whole number, ``ValueError`` for a stream that is not 1-D or too short,
+    or a ``context`` or ``stride`` below 1.
+    """
+
+    def __init__(self, tokens: Any, context: int, stride: int = 1) -> None:
+        tokens = _host_array(tokens)
+        if tokens.ndim != 1:
+            raise ValueError(f"TokenWindows needs a 1-D stream of token ids, got an array of shape {tokens.shape}")
+        if tokens.dtype.kind not in "iu":
+            raise TypeError(f"TokenWindows needs integer token ids, got dtype {tokens.dtype}")
+        self.context = check_int("context", context, minimum=1)
+        self.stride = check_int("stride", stride, minimum=1)
+        if len(tokens) < self.context + 1:
+            raise ValueError(f"TokenWindows: a window of context={self.context} needs {self.context + 1} tokens (its "
+                             f"inputs and the token after them), the stream has {len(tokens)}")
+        self.tokens = tokens
+
+    def __len__(self) -> int:
+        """The number of windows: their starts are 0, stride, 2 * stride, ... up to N - context - 1."""
+        return (len(self.tokens) - self.context - 1) // self.stride + 1
+
+    def __getitem__(self, index: int) -> tuple:
+        """Window ``index`` (negative counts from the end): ``(inputs, targets)``, two arrays of ``context`` ids."""
+        count = len(self)
+        index = check_int("index", index)
+        if not -count <= index < count:
+            raise IndexError(f"window {index} is out of range for {count} windows")
+        inputs, targets = self.__getitems__(np.array([index % count]))
+        return inputs[0], targets[0]
+
+    def __getitems__(self, indices: np.ndarray) -> tuple:
+        """The windows ``indices`` (an integer array of window numbers in ``[0, len(self))``) as one batch.
+
+        Returns ``(inputs, targets)``: two new ``(len(indices), context)`` arrays of
+        the tokens' dtype, each gathered with one fancy index (no Python loop);
+        ``targets`` are the inputs' positions plus one.
+        """
+        positions = np.asarray(indices)[:, None] * self.stride + np.arange(self.context)
+        return self.tokens[positions], self.tokens[positions + 1]
+
+    def __repr__(self) -> str:
+        return (f"{type(self).__name__}({len(self)} windows of context={self.context}, stride={self.stride}, "
+                f"from {len(self.tokens)} tokens)")

@@ -10,7 +10,9 @@ namespace of the parameter's own device and in the parameter's dtype.
 (host NumPy arrays, numbers, strings, lists, dicts) and back.
 
 The update rules are PyTorch's (``torch.optim.SGD``, ``Adam``, ``AdamW``, without
-parameter groups, dampening, AMSGrad or ``maximize``).
+dampening, AMSGrad or ``maximize``), and so are parameter groups: ``params`` may
+be a list of dicts, ``[{"params": [...], "weight_decay": 0.1}, ...]``, each group
+with its own hyperparameters (the constructor's for those it does not set).
 """
 import math
 from typing import Any, Iterable
@@ -22,77 +24,151 @@ from tinytrain.backend import memory_order
 from tinytrain.tensor import Tensor
 
 
-def _parameter_list(params: Iterable[Tensor]) -> list[Tensor]:
-    """The parameters as a list, each checked: a leaf tensor that requires grad, listed once."""
+def _as_list(params: Any, where: str) -> list:
+    """``params`` (any iterable but a single tensor or a dict) as a list."""
     if isinstance(params, Tensor):
-        raise TypeError("params must be an iterable of tensors, got a single Tensor; pass [tensor]")
+        raise TypeError(f"{where} must be an iterable of tensors, got a single Tensor; pass [tensor]")
     if isinstance(params, dict):
-        raise TypeError("params must be an iterable of tensors; parameter groups (dicts) are not supported")
+        raise TypeError(f"{where} must be an iterable of tensors or a list of parameter groups (dicts), got a dict; "
+                        "pass [group]")
     try:
-        params = list(params)
+        return list(params)
     except TypeError:
-        raise TypeError(f"params must be an iterable of tensors, got {type(params).__name__}") from None
-    if not params:
-        raise ValueError("the optimizer got an empty parameter list")
-    seen = set()
+        raise TypeError(f"{where} must be an iterable of tensors, got {type(params).__name__}") from None
+
+
+def _parameter_list(params: Iterable[Tensor], where: str = "params") -> list[Tensor]:
+    """The parameters as a list, each checked: a leaf tensor that requires grad (``where`` names the list)."""
+    params = _as_list(params, where)
     for i, param in enumerate(params):
-        if isinstance(param, dict):
-            raise TypeError(f"params[{i}] is a dict; parameter groups are not supported, pass tensors")
         if not isinstance(param, Tensor):
-            raise TypeError(f"params[{i}] is a {type(param).__name__}, not a Tensor")
+            raise TypeError(f"{where}[{i}] is a {type(param).__name__}, not a Tensor")
         if not param.requires_grad:
             raise ValueError(
-                f"params[{i}] (shape {param.shape}) does not require grad, so it can never be updated; "
+                f"{where}[{i}] (shape {param.shape}) does not require grad, so it can never be updated; "
                 "leave frozen parameters out: [p for p in params if p.requires_grad]"
             )
         if not param.is_leaf:
-            raise ValueError(f"params[{i}] (shape {param.shape}) is the result of an operation, not a leaf tensor")
-        if id(param) in seen:
-            raise ValueError(f"params[{i}] (shape {param.shape}) appears more than once in the parameter list")
-        seen.add(id(param))
+            raise ValueError(f"{where}[{i}] (shape {param.shape}) is the result of an operation, not a leaf tensor")
     return params
 
 
-class Optimizer:
-    """Base class: holds the parameters and their state, and steps them.
+def _parameter_groups(params: Any, defaults: dict[str, Any], check: Any) -> list[dict[str, Any]]:
+    """The parameter groups of ``params`` (tensors: one group), each with every hyperparameter and its ``lr_scale``.
 
-    A subclass sets ``hyperparameters`` (the names that ``state_dict`` saves),
-    validates and stores them in ``_configure``, creates a parameter's state in
-    ``init_state`` and implements the update rule in ``update``.
+    A group's missing hyperparameters come from ``defaults``; ``check(**hyperparameters)``
+    validates them. Every parameter is checked and may appear once in all the groups.
+    """
+    params = _as_list(params, "params")
+    is_group = [isinstance(item, dict) for item in params]
+    if any(is_group) and not all(is_group):
+        raise TypeError("params mixes tensors and parameter groups (dicts); pass a list of tensors or a list of groups")
+    grouped = bool(params) and all(is_group)
+    specs = params if grouped else [{"params": params}]
+    allowed = {"params", *defaults}
+    groups, seen = [], {}
+    for g, spec in enumerate(specs):
+        name = f"params[{g}]['params']" if grouped else "params"
+        if "params" not in spec or spec.keys() - allowed:
+            raise ValueError(f"params[{g}] is a parameter group with keys {sorted(spec)}: it needs 'params' and may "
+                             f"set {', '.join(sorted(defaults))}")
+        members = _parameter_list(spec["params"], name)
+        for i, param in enumerate(members):
+            first = seen.setdefault(id(param), f"{name}[{i}]")
+            if first != f"{name}[{i}]":
+                raise ValueError(f"{name}[{i}] (shape {param.shape}) appears more than once in the parameters "
+                                 f"(also as {first}); a parameter belongs to one group")
+        try:
+            settings = check(**{**defaults, **{key: value for key, value in spec.items() if key != "params"}})
+        except (TypeError, ValueError) as error:
+            raise type(error)(f"params[{g}] (a parameter group): {error}") from None
+        # a group's rate follows the optimizer's (Optimizer.lr) at its own ratio: 1 unless it set its own lr
+        groups.append({"params": members, **settings, "lr_scale": settings["lr"] / defaults["lr"]})
+    if not any(group["params"] for group in groups):
+        raise ValueError("the optimizer got an empty parameter list")
+    return groups
+
+
+def _plain(value: Any) -> Any:
+    """A hyperparameter as plain data for a state dict (a tuple becomes a list)."""
+    return list(value) if isinstance(value, tuple) else value
+
+
+def weight_decay_groups(params: Iterable[Tensor], weight_decay: float) -> list[dict[str, Any]]:
+    """``params`` as two parameter groups: the matrices decay, the rest does not.
+
+    ``[{"params": matrices, "weight_decay": weight_decay}, {"params": the others, "weight_decay": 0.0}]``,
+    where the matrices are the parameters with ``ndim >= 2`` (the weights of
+    Linear and Conv2d layers, embedding tables) and the others the vectors
+    (biases, the gains and shifts of normalisation layers), as nanoGPT splits
+    them. Pass the result as an optimizer's ``params``: ``AdamW(weight_decay_groups(
+    model.parameters(), 0.1), lr=1e-3)``. Either group may be empty.
+    """
+    weight_decay = check_number("weight_decay", weight_decay, minimum=0)
+    params = _parameter_list(params)
+    return [{"params": [p for p in params if p.ndim >= 2], "weight_decay": weight_decay},
+            {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}]
+
+
+class Optimizer:
+    """Base class: holds the parameters in groups, and their state, and steps them.
+
+    ``params`` is an iterable of tensors (one group) or a list of parameter groups,
+    ``{"params": [...], "lr": ..., ...}``; ``defaults`` are the constructor's
+    hyperparameters, which fill in what a group does not set. ``param_groups``
+    holds the groups (each with every hyperparameter, and ``lr_scale``: see
+    ``lr``), ``params`` all parameters in group order, ``state`` one dict per
+    parameter. A subclass sets ``hyperparameters`` (the names that ``state_dict``
+    saves), validates them in ``_check_hyperparameters``, creates a parameter's
+    state in ``init_state`` and implements the update rule in ``update``.
     """
 
     hyperparameters: tuple[str, ...] = ("lr",)
 
-    def __init__(self, params: Iterable[Tensor]) -> None:
-        self.params = _parameter_list(params)
+    def __init__(self, params: Iterable[Any], **defaults: Any) -> None:
+        self.defaults = self._check_hyperparameters(**defaults)
+        self.param_groups = _parameter_groups(params, self.defaults, self._check_hyperparameters)
+        self.params = [param for group in self.param_groups for param in group["params"]]
+        self._groups = [group for group in self.param_groups for _ in group["params"]]  # each parameter's group
+        self._lr = self.defaults["lr"]
         self.state: list[dict[str, Any]] = [{} for _ in self.params]
         self._state_backends: list[Any] = [None] * len(self.params)  # where each state's arrays live
         self._scratch: dict[Any, Any] = {}  # (xp, dtype, device) -> flat buffer: see scratch_like
         self._scratch_views: dict[Any, Any] = {}  # (xp, dtype, device, *shape) -> view of that buffer
 
     def __repr__(self) -> str:
-        settings = ", ".join(f"{name}={getattr(self, name)!r}" for name in self.hyperparameters)
-        return f"{type(self).__name__}({len(self.params)} parameters, {settings})"
+        settings = ", ".join(f"{name}={value!r}" for name, value in {**self.defaults, "lr": self.lr}.items())
+        groups = f" in {len(self.param_groups)} groups" if len(self.param_groups) > 1 else ""
+        return f"{type(self).__name__}({len(self.params)} parameters{groups}, {settings})"
 
     @property
     def lr(self) -> float:
-        """The learning rate of the next ``step()``; assign to change it."""
+        """The optimizer's learning rate: that of every group that did not set its own.
+
+        Assigning sets every group's rate to ``value * group["lr_scale"]``: a group
+        created with its own ``lr`` keeps its ratio to the optimizer's (as PyTorch's
+        schedulers scale each group's initial rate), every other group gets ``value``.
+        """
         return self._lr
 
     @lr.setter
     def lr(self, value: float) -> None:
-        self._lr = check_number("lr", value, above=0)  # a Python float: it never promotes float32 math to float64
+        value = check_number("lr", value, above=0)  # a Python float: it never promotes float32 math to float64
+        for group in self.param_groups:
+            group["lr"] = value * group["lr_scale"]
+        self._lr = value
 
-    def _configure(self, **hyperparameters: Any) -> None:
-        """Validate and store the hyperparameters (all, or none when one is invalid)."""
-        raise NotImplementedError
+    def _check_hyperparameters(self, lr: float) -> dict[str, Any]:
+        """The hyperparameters validated and normalised (Python floats, tuples), or an error naming the value;
+        a subclass with more hyperparameters than ``lr`` overrides it."""
+        return {"lr": check_number("lr", lr, above=0)}
 
-    def init_state(self, param: Any, xp: Any) -> dict[str, Any]:
-        """The state of a parameter before its first update (``param`` is its array)."""
+    def init_state(self, param: Any, group: dict[str, Any], xp: Any) -> dict[str, Any]:
+        """The state of a parameter of ``group`` before its first update (``param`` is its array)."""
         return {}
 
-    def update(self, param: Any, grad: Any, state: dict[str, Any], xp: Any) -> None:
-        """Apply one step of the rule to the array ``param`` in place."""
+    def update(self, param: Any, grad: Any, state: dict[str, Any], group: dict[str, Any], xp: Any) -> None:
+        """Apply one step of the rule, with ``group``'s hyperparameters, to the array ``param`` in place."""
         raise NotImplementedError
 
     def scratch_like(self, param: Any, xp: Any) -> Any:
@@ -122,7 +198,8 @@ class Optimizer:
         State follows its parameter: after ``model.to(device)`` the next step
         moves each state's arrays to the parameter's new device first.
         """
-        for index, (param, state, home) in enumerate(zip(self.params, self.state, self._state_backends)):
+        for index, (param, state, home, group) in enumerate(
+                zip(self.params, self.state, self._state_backends, self._groups)):
             grad = param.grad
             if grad is None:
                 continue
@@ -132,13 +209,13 @@ class Optimizer:
             backend = param._backend
             if home is not backend:  # the first step, or the parameter has moved since the last one
                 self._settle_state(index, backend)
-            self.update(array, grad, state, backend.xp)
+            self.update(array, grad, state, group, backend.xp)
 
     def _settle_state(self, index: int, backend: Any) -> None:
         """Create parameter ``index``'s state, or copy its arrays (through the host) to ``backend``."""
         state, home = self.state[index], self._state_backends[index]
         if not state:
-            state.update(self.init_state(self.params[index].data, backend.xp))
+            state.update(self.init_state(self.params[index].data, self._groups[index], backend.xp))
         for key, value in state.items():
             if home is not None and home.is_array(value):
                 state[key] = backend.from_host(home.to_host(value))
@@ -150,18 +227,22 @@ class Optimizer:
             param.grad = None
 
     def state_dict(self, copy: bool = True) -> dict[str, Any]:
-        """Hyperparameters and per-parameter state as plain data (arrays copied to the host).
+        """The learning rate, the parameter groups and the per-parameter state as plain data (arrays copied to the host).
 
-        ``{"optimizer": "Adam", "hyperparameters": {"lr": ..., ...},
-        "state": [{"step": 3, "exp_avg": ndarray, ...}, ...]}``, one state dict per
-        parameter in order (empty for a parameter that has not been updated yet).
-        ``copy=False`` skips the copy of arrays already on the host, so they are the
-        optimizer's own buffers: for writing straight to a file (a checkpoint).
+        ``{"optimizer": "Adam", "lr": ..., "param_groups": [{"params": [0, 1], "lr": ...,
+        "betas": [...], ..., "lr_scale": 1.0}, ...], "state": [{"step": 3, "exp_avg":
+        ndarray, ...}, ...]}``: each group lists its parameters by their position in
+        ``params``; one state dict per parameter in order (empty for a parameter
+        that has not been updated yet). ``copy=False`` skips the copy of arrays
+        already on the host, so they are the optimizer's own buffers: for writing
+        straight to a file (a checkpoint).
         """
-        hyperparameters = {}
-        for name in self.hyperparameters:
-            value = getattr(self, name)
-            hyperparameters[name] = list(value) if isinstance(value, tuple) else value
+        groups, start = [], 0
+        for group in self.param_groups:
+            count = len(group["params"])
+            groups.append({"params": list(range(start, start + count)),
+                           **{name: _plain(group[name]) for name in (*self.hyperparameters, "lr_scale")}})
+            start += count
         states = []
         for param, state in zip(self.params, self.state):
             backend = param._backend
@@ -171,7 +252,7 @@ class Optimizer:
                     for key, value in state.items()
                 }
             )
-        return {"optimizer": type(self).__name__, "hyperparameters": hyperparameters, "state": states}
+        return {"optimizer": type(self).__name__, "lr": self.lr, "param_groups": groups, "state": states}
 
     def load_state_dict(self, state_dict: dict[str, Any], copy: bool = True) -> None:
         """Restore what ``state_dict()`` returned: copies, on each parameter's device and dtype.
@@ -180,21 +261,21 @@ class Optimizer:
         (and can be written) instead of copying them: for a state dict that no
         one else holds, such as one just read from a checkpoint file.
         Raises ``ValueError`` (changing nothing) for the state of another optimizer
-        type, another number of parameters, or buffers of the wrong shape.
+        type, another number of parameters, other parameter groups, invalid
+        hyperparameters, or buffers of the wrong shape. A state dict saved before
+        tinytrain had parameter groups (one ``"hyperparameters"`` dict) loads as one group.
         """
-        if not isinstance(state_dict, dict) or not {"optimizer", "hyperparameters", "state"} <= state_dict.keys():
+        if not isinstance(state_dict, dict) or not {"optimizer", "state"} <= state_dict.keys() or not (
+                {"lr", "param_groups"} <= state_dict.keys() or "hyperparameters" in state_dict):
             raise ValueError("not an optimizer state dict: expected a dict with keys "
-                             "'optimizer', 'hyperparameters' and 'state'")
+                             "'optimizer', 'lr', 'param_groups' and 'state'")
         kind, states = state_dict["optimizer"], state_dict["state"]
         if kind != type(self).__name__:
             raise ValueError(f"cannot load the state of a {kind} optimizer into a {type(self).__name__}")
         if not isinstance(states, list) or len(states) != len(self.params):
             count = len(states) if isinstance(states, list) else type(states).__name__
             raise ValueError(f"the state dict holds state for {count} parameters, this optimizer has {len(self.params)}")
-        hyperparameters = state_dict["hyperparameters"]
-        if not isinstance(hyperparameters, dict) or hyperparameters.keys() != set(self.hyperparameters):
-            raise ValueError(f"the state dict's hyperparameters {hyperparameters!r} are not those of "
-                             f"{type(self).__name__}: {', '.join(self.hyperparameters)}")
+        lr, groups = self._saved_groups(state_dict)
         restored = []
         for i, (param, saved) in enumerate(zip(self.params, states)):
             if not isinstance(saved, dict):
@@ -211,9 +292,41 @@ class Optimizer:
                     value = param._backend.from_host(value)
                 state[key] = value
             restored.append(state)
-        self._configure(**hyperparameters)
+        for group, settings in zip(self.param_groups, groups):
+            group.update(settings)
+        self._lr = lr
         self.state = restored
         self._state_backends = [param._backend if state else None for param, state in zip(self.params, restored)]
+
+    def _saved_groups(self, state_dict: dict[str, Any]) -> tuple[float, list[dict[str, Any]]]:
+        """The checked learning rate and groups' hyperparameters of a state dict, or ``ValueError``."""
+        if "param_groups" in state_dict:
+            lr, saved = state_dict["lr"], state_dict["param_groups"]
+        else:  # saved before parameter groups: one group of every parameter
+            hyperparameters = state_dict["hyperparameters"]
+            if not isinstance(hyperparameters, dict):
+                raise ValueError(f"the state dict's hyperparameters must be a dict, got {hyperparameters!r}")
+            lr = hyperparameters.get("lr")
+            saved = [{"params": list(range(len(self.params))), **hyperparameters, "lr_scale": 1.0}]
+        if not isinstance(saved, list) or len(saved) != len(self.param_groups):
+            count = len(saved) if isinstance(saved, list) else type(saved).__name__
+            raise ValueError(f"the state dict holds {count} parameter groups, this optimizer has {len(self.param_groups)}")
+        keys = {"params", "lr_scale", *self.hyperparameters}
+        groups, start = [], 0
+        for g, (group, mine) in enumerate(zip(saved, self.param_groups)):
+            if not isinstance(group, dict) or group.keys() != keys:
+                shown = sorted(group) if isinstance(group, dict) else repr(group)
+                raise ValueError(f"parameter group {g} of the state dict has keys {shown}, a {type(self).__name__} "
+                                 f"group has {sorted(keys)}")
+            members = list(range(start, start + len(mine["params"])))
+            if group["params"] != members:
+                raise ValueError(f"parameter group {g} of the state dict holds parameters {group['params']}, "
+                                 f"this optimizer's holds {members}")
+            settings = self._check_hyperparameters(**{name: group[name] for name in self.hyperparameters})
+            settings["lr_scale"] = check_number("lr_scale", group["lr_scale"], above=0)
+            groups.append(settings)
+            start += len(members)
+        return check_number("lr", lr, above=0), groups
 
 
 class SGD(Optimizer):
@@ -235,45 +348,46 @@ class SGD(Optimizer):
         nesterov: bool = False,
         weight_decay: float = 0.0,
     ) -> None:
-        super().__init__(params)
-        self._configure(lr=lr, momentum=momentum, nesterov=nesterov, weight_decay=weight_decay)
+        super().__init__(params, lr=lr, momentum=momentum, nesterov=nesterov, weight_decay=weight_decay)
 
-    def _configure(self, lr: float, momentum: float, nesterov: bool, weight_decay: float) -> None:
+    def _check_hyperparameters(self, lr: float, momentum: float, nesterov: bool, weight_decay: float) -> dict[str, Any]:
         lr = check_number("lr", lr, above=0)
         momentum = check_number("momentum", momentum, minimum=0)
         weight_decay = check_number("weight_decay", weight_decay, minimum=0)
         check_type("nesterov", nesterov, (bool, np.bool_), "True or False")
         if nesterov and momentum == 0:
             raise ValueError(f"nesterov=True needs momentum > 0, got momentum={momentum!r}")
-        self.lr, self.momentum, self.nesterov, self.weight_decay = lr, momentum, bool(nesterov), weight_decay
+        return {"lr": lr, "momentum": momentum, "nesterov": bool(nesterov), "weight_decay": weight_decay}
 
-    def init_state(self, param: Any, xp: Any) -> dict[str, Any]:
+    def init_state(self, param: Any, group: dict[str, Any], xp: Any) -> dict[str, Any]:
         """A zero momentum buffer (so the first step gives ``b = g``), or nothing without momentum."""
-        return {"momentum_buffer": xp.zeros_like(param)} if self.momentum else {}
+        return {"momentum_buffer": xp.zeros_like(param)} if group["momentum"] else {}
 
-    def update(self, param: Any, grad: Any, state: dict[str, Any], xp: Any) -> None:
+    def update(self, param: Any, grad: Any, state: dict[str, Any], group: dict[str, Any], xp: Any) -> None:
         """One SGD step on the array ``param``, in place (``grad`` is left untouched).
 
+        With ``group``'s ``lr``, ``momentum``, ``nesterov`` and ``weight_decay``:
         ``g += weight_decay * param``; with momentum ``b = momentum * b + g`` (in
         place on ``state["momentum_buffer"]``) and ``d = g + momentum * b``
         (Nesterov) or ``d = b``; without, ``d = g``. Then ``param -= lr * d``.
         Keeps no state but the momentum buffer (``memory_report`` counts all of it).
         """
-        if self.weight_decay:
-            decayed = param * self.weight_decay  # a new array: the caller's grad stays as it was
+        lr, momentum, weight_decay = group["lr"], group["momentum"], group["weight_decay"]
+        if weight_decay:
+            decayed = param * weight_decay  # a new array: the caller's grad stays as it was
             decayed += grad
             grad = decayed
         direction = grad
-        if self.momentum:
+        if momentum:
             buffer = state["momentum_buffer"]
-            buffer *= self.momentum
+            buffer *= momentum
             buffer += grad
-            if self.nesterov:
-                direction = buffer * self.momentum
+            if group["nesterov"]:
+                direction = buffer * momentum
                 direction += grad
             else:
                 direction = buffer
-        param -= direction * self.lr
+        param -= direction * lr
 
 
 class Adam(Optimizer):
@@ -295,39 +409,40 @@ class Adam(Optimizer):
         eps: float = 1e-8,
         weight_decay: float = 0.0,
     ) -> None:
-        super().__init__(params)
-        self._configure(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
+        super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
 
-    def _configure(self, lr: float, betas: tuple[float, float], eps: float, weight_decay: float) -> None:
+    def _check_hyperparameters(self, lr: float, betas: tuple[float, float], eps: float,
+                               weight_decay: float) -> dict[str, Any]:
         lr = check_number("lr", lr, above=0)
         if not isinstance(betas, (tuple, list)) or len(betas) != 2:
             raise ValueError(f"betas must be a pair (beta1, beta2), got betas={betas!r}")
         betas = tuple(check_number(f"betas[{i}]", beta, minimum=0, below=1) for i, beta in enumerate(betas))
         eps = check_number("eps", eps, above=0)
         weight_decay = check_number("weight_decay", weight_decay, minimum=0)
-        self.lr, self.betas, self.eps, self.weight_decay = lr, betas, eps, weight_decay
+        return {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay}
 
-    def init_state(self, param: Any, xp: Any) -> dict[str, Any]:
+    def init_state(self, param: Any, group: dict[str, Any], xp: Any) -> dict[str, Any]:
         return {"step": 0, "exp_avg": xp.zeros_like(param), "exp_avg_sq": xp.zeros_like(param)}
 
-    def update(self, param: Any, grad: Any, state: dict[str, Any], xp: Any) -> None:
+    def update(self, param: Any, grad: Any, state: dict[str, Any], group: dict[str, Any], xp: Any) -> None:
         """L2 weight decay joins the gradient, then the Adam step."""
-        if self.weight_decay:
-            decayed = param * self.weight_decay  # a new array: the caller's grad stays as it was
+        if group["weight_decay"]:
+            decayed = param * group["weight_decay"]  # a new array: the caller's grad stays as it was
             decayed += grad
             grad = decayed
-        self.adam_update(param, grad, state, xp)
+        self.adam_update(param, grad, state, group, xp)
 
-    def adam_update(self, param: Any, grad: Any, state: dict[str, Any], xp: Any) -> None:
+    def adam_update(self, param: Any, grad: Any, state: dict[str, Any], group: dict[str, Any], xp: Any) -> None:
         """One Adam step on the array ``param``, in place, for ``grad`` (decay already included).
 
-        Increments ``state["step"]`` to ``t``; updates ``m = state["exp_avg"]`` and
+        With ``group``'s ``lr``, ``betas = (b1, b2)`` and ``eps``:
+        increments ``state["step"]`` to ``t``; updates ``m = state["exp_avg"]`` and
         ``v = state["exp_avg_sq"]`` in place (``m = b1 m + (1 - b1) g``,
         ``v = b2 v + (1 - b2) g^2``); then
         ``param -= lr * (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps)``.
         Keeps no state but these three entries.
         """
-        beta1, beta2 = self.betas
+        beta1, beta2 = group["betas"]
         state["step"] += 1
         step = state["step"]
         m, v = state["exp_avg"], state["exp_avg_sq"]
@@ -341,9 +456,9 @@ class Adam(Optimizer):
         v += scratch
         xp.sqrt(v, out=scratch)
         scratch /= math.sqrt(1 - beta2**step)
-        scratch += self.eps  # sqrt(v_hat) + eps
+        scratch += group["eps"]  # sqrt(v_hat) + eps
         xp.divide(m, scratch, out=scratch)
-        scratch *= self.lr / (1 - beta1**step)
+        scratch *= group["lr"] / (1 - beta1**step)
         param -= scratch
 
 
@@ -365,8 +480,8 @@ class AdamW(Adam):
     ) -> None:
         super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
 
-    def update(self, param: Any, grad: Any, state: dict[str, Any], xp: Any) -> None:
-        """Decay ``param`` in place by ``1 - lr * weight_decay``, then ``adam_update``."""
-        if self.weight_decay:
-            param *= 1 - self.lr * self.weight_decay
-        self.adam_update(param, grad, state, xp)
+    def update(self, param: Any, grad: Any, state: dict[str, Any], group: dict[str, Any], xp: Any) -> None:
+        """Decay ``param`` in place by ``1 - lr * weight_decay`` (``group``'s), then ``adam_update``."""
+        if group["weight_decay"]:
+            param *= 1 - group["lr"] * group["weight_decay"]
+        self.adam_update(param, grad, state, group, xp)

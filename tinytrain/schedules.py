@@ -3,8 +3,11 @@
 """Learning-rate schedules: ``schedule.get_lr(e)`` is the rate for all of epoch ``e``.
 
 Epochs count from 0. :class:`~tinytrain.training.Trainer` sets the optimizer's
-rate to ``get_lr(epoch)`` at the *start* of each epoch. A schedule is a pure
-function of the epoch and its settings, so ``state_dict()`` holds the settings.
+rate to ``get_lr(epoch)`` at the *start* of each epoch, or, with
+``scheduler_interval="step"``, to ``get_lr(t)`` before optimizer step ``t``: then
+every number of a schedule (``total_epochs``, ``warmup_epochs``, ``step_size``)
+counts steps. A schedule is a pure function of its argument and its settings,
+so ``state_dict()`` holds the settings.
 """
 import functools
 import math
@@ -65,7 +68,11 @@ class Schedule:
 
 class CosineSchedule(Schedule):
     """Cosine annealing from ``max_lr`` (epoch ``warmup_epochs``) to ``min_lr``
-    (epoch ``total_epochs`` and later), after an optional linear warmup."""
+    (epoch ``total_epochs`` and later), after an optional linear warmup.
+
+    Stepped per optimizer step (``Trainer(scheduler_interval="step")``) the epochs
+    are steps: ``CosineSchedule(1e-3, 1e-4, total_epochs=2000, warmup_epochs=100)``
+    warms up over 100 steps and anneals until step 2000, as nanoGPT does."""
 
     def __init__(self, max_lr: float = 0.1, min_lr: float = 0.01, total_epochs: int = 100,
                  warmup_epochs: int = 0) -> None:

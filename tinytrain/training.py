@@ -7,6 +7,7 @@ steps with the learning rate of a schedule, evaluates in eval mode, drives
 callbacks from ``fit``, and saves and restores its complete state in checkpoints
 (:mod:`tinytrain.serialization`) so that a resumed run is bit-identical.
 """
+import itertools
 import math
 import sys
 import time
@@ -63,7 +64,11 @@ def clip_grad_norm(parameters: Iterable[Tensor], max_norm: float = 1.0, error_if
     return norm
 
 
-HISTORY_KEYS = ("train_loss", "eval_loss", "eval_accuracy", "learning_rates", "grad_norm", "skipped_steps", "epoch_time")
+HISTORY_KEYS = ("train_loss", "eval_loss", "eval_accuracy", "learning_rates", "grad_norm", "skipped_steps", "epoch_time",
+                "step")
+# fit(max_steps=...) reads an endless stream: this many skipped steps in a row stop it (with
+# 16-mixed the loss scale gives up after about 40 overflows in a row anyway).
+MAX_SKIPPED_IN_A_ROW = 100
 
 
 def _pair(batch: Any) -> tuple[Tensor, Tensor]:
@@ -117,29 +122,58 @@ def _progress_enabled() -> bool:
     return type(shell).__name__ == "ZMQInteractiveShell"
 
 
+def _progress_bar(enabled: bool, **options: Any) -> Any:
+    """A ``tqdm.auto`` bar with ``options`` when enabled and tqdm is installed, else None."""
+    if not enabled:
+        return None
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:
+        return None
+    return tqdm(**options)
+
+
 def _progress(iterable: Iterable[Any], enabled: bool, **options: Any) -> Iterable[Any]:
     """``iterable`` wrapped in a ``tqdm.auto`` bar when enabled and tqdm is installed.
 
     The bar gets an iterator: ``tqdm.auto``'s bar calls ``iter()`` on what it is
     given twice, and for a data loader each ``iter()`` is a new epoch (a new shuffle).
     """
-    if not enabled:
-        return iterable
-    try:
-        from tqdm.auto import tqdm
-    except ImportError:
-        return iterable
     if "total" not in options and hasattr(iterable, "__len__"):
         options["total"] = len(iterable)
-    return tqdm(iter(iterable), **options)
+    bar = _progress_bar(enabled, iterable=iter(iterable), **options)
+    return iterable if bar is None else bar
+
+
+def _endless(loader: Iterable[Any], role: str) -> Iterator[Any]:
+    """The batches of ``loader`` as one stream: a new ``iter(loader)`` (a new epoch) whenever one ends."""
+    while True:
+        empty = True
+        for batch in loader:
+            empty = False
+            yield batch
+        if empty:
+            raise ValueError(f"the {role} loader yielded no batches")
+
+
+def _has_len(loader: Any) -> bool:
+    """Whether ``len(loader)`` works: a loader without it may never end."""
+    try:
+        len(loader)
+    except TypeError:
+        return False
+    return True
 
 
 class Trainer(Resumable):
     """Trains ``model`` with ``optimizer`` on ``loss_fn(model(inputs), targets)``.
 
     Batches are ``(inputs, targets)`` pairs of tensors, first axis = samples.
-    ``scheduler``: anything with ``get_lr(epoch)``; the optimizer's rate is set to
-    it at the start of every epoch. ``grad_clip_norm``: clip the accumulated
+    ``scheduler``: anything with ``get_lr(t)``. With ``scheduler_interval="epoch"``
+    the optimizer's rate is set to ``get_lr(epoch)`` at the start of every epoch;
+    with ``"step"`` to ``get_lr(t)`` before every optimizer step, ``t`` the steps
+    taken so far (``self.step``; a skipped step does not count, so the next one
+    gets the same rate). ``grad_clip_norm``: clip the accumulated
     gradient to this global L2 norm before every step. ``on_nonfinite``:
     ``"skip"`` drops a step whose loss or gradient norm is inf/nan and counts it,
     ``"raise"`` stops with ``FloatingPointError`` (the gradient norm is computed,
@@ -149,14 +183,16 @@ class Trainer(Resumable):
     ``strategy``: ``tinytrain.distributed.DataParallel()`` for data parallelism over MPI.
 
     ``epoch`` counts completed epochs, ``step`` the optimizer steps taken,
-    ``skipped_steps`` the steps dropped; ``history`` holds one value per epoch
-    under each of ``HISTORY_KEYS`` (``eval_*`` and ``epoch_time`` are added by
-    ``fit``; ``grad_norm`` is the epoch's mean pre-clip norm, nan without clipping).
+    ``skipped_steps`` the steps dropped; ``history`` holds one row per epoch (or,
+    in ``fit(max_steps=...)``, per evaluation) under each of ``HISTORY_KEYS``:
+    ``eval_*`` and ``epoch_time`` (the row's seconds) are added by ``fit``;
+    ``learning_rates`` is the rate of the row's last step, ``grad_norm`` the row's
+    mean pre-clip norm (nan without clipping), ``step`` the steps taken at its end.
     """
 
     def __init__(self, model: Any, optimizer: Any, loss_fn: Any, scheduler: Any = None,
                  grad_clip_norm: float | None = None, on_nonfinite: str = "skip", precision: str = "32-true",
-                 strategy: Any = None) -> None:
+                 strategy: Any = None, scheduler_interval: str = "epoch") -> None:
         check_methods("model", model, ("__call__", "parameters"), "a model, such as nn.Sequential(...)")
         check_methods("optimizer", optimizer, ("step",), "an optimizer, such as tt.SGD(model.parameters(), lr=0.1)")
         check_callable("loss_fn", loss_fn, "a loss function or module, such as nn.CrossEntropyLoss()")
@@ -166,7 +202,10 @@ class Trainer(Resumable):
             grad_clip_norm = check_number("grad_clip_norm", grad_clip_norm, above=0, finite=False)
         if on_nonfinite not in ("skip", "raise"):
             raise ValueError(f"on_nonfinite must be 'skip' or 'raise', got {on_nonfinite!r}")
+        if scheduler_interval not in ("epoch", "step"):
+            raise ValueError(f"scheduler_interval must be 'epoch' or 'step', got {scheduler_interval!r}")
         self.model, self.optimizer, self.loss_fn, self.scheduler = model, optimizer, loss_fn, scheduler
+        self.scheduler_interval = scheduler_interval
         self.grad_clip_norm = grad_clip_norm
         self.on_nonfinite = on_nonfinite
         self.epoch = self.step = self.skipped_steps = 0
@@ -260,27 +299,40 @@ class Trainer(Resumable):
     def train_epoch(self, dataloader: Iterable[Any], accumulation_steps: int = 1, progress: bool = False) -> float:
         """Train one epoch; return the mean loss per sample over the steps taken.
 
-        First sets the optimizer's rate to ``scheduler.get_lr(epoch)`` and puts the
-        model in training mode. Then, for each window of ``accumulation_steps``
+        First, with ``scheduler_interval="epoch"``, sets the optimizer's rate to
+        ``scheduler.get_lr(epoch)``. Then, for each window of ``accumulation_steps``
         consecutive batches (the last window may be shorter), one optimizer step
         on the gradient of the mean loss over all samples of the window
-        (:meth:`_accumulate`, then :meth:`_take_step`). A skipped step changes
-        nothing: the model's buffers (BatchNorm's running statistics) are put
-        back as they were before its window.
+        (:meth:`_train_windows`). Appends one history row.
         """
         _check_loader("dataloader", dataloader)
         check_int("accumulation_steps", accumulation_steps, minimum=1)
         self._use_loader("train", dataloader)
-        if self.scheduler is not None:
+        if self.scheduler is not None and self.scheduler_interval == "epoch":
             self.optimizer.lr = self.scheduler.get_lr(self.epoch)
-        lr = float(self.optimizer.lr)
+        batches = _progress(dataloader, progress, desc=f"epoch {self.epoch + 1}", leave=False, unit="batch")
+        mean_loss = self._train_windows(_windows(batches, accumulation_steps))
+        self.epoch += 1
+        return mean_loss
+
+    def _train_windows(self, windows: Iterable[list], until: int | None = None, bar: Any = None) -> float:
+        """Train on ``windows`` (until ``self.step == until``, when given) in training mode; append a history row
+        and return its mean loss per sample over the steps taken.
+
+        Each window is one optimizer step (:meth:`_accumulate`, then :meth:`_take_step`),
+        after setting the rate to ``scheduler.get_lr(self.step)`` with ``scheduler_interval="step"``.
+        A skipped step changes nothing: the model's buffers (BatchNorm's running
+        statistics) are put back as they were before its window. ``bar`` counts the steps taken.
+        """
         self.model.train()
         parameters = self.model.parameters()
-        batches = _progress(dataloader, progress, desc=f"epoch {self.epoch + 1}", leave=False, unit="batch")
         buffers = [buffer for buffer in self.model.buffers() if buffer is not None]
-        loss_sum, samples, windows, skipped_before, norms = 0.0, 0, 0, self.skipped_steps, []
-        for window in _windows(batches, accumulation_steps):
-            windows += 1
+        loss_sum, samples, count, skipped_before, norms = 0.0, 0, 0, self.skipped_steps, []
+        skipped_in_a_row = 0
+        for window in windows:
+            count += 1
+            if self.scheduler is not None and self.scheduler_interval == "step":
+                self.optimizer.lr = self.scheduler.get_lr(self.step)  # the rate of step number self.step
             before = [buffer.data.copy() for buffer in buffers]  # running statistics, for a skipped step
             taken = False
             try:
@@ -291,15 +343,26 @@ class Trainer(Resumable):
                     for buffer, data in zip(buffers, before):
                         buffer.data[...] = data
             if taken:
+                skipped_in_a_row = 0
                 loss_sum += window_loss
                 samples += sum(len(inputs) for inputs, _ in window)
-        if windows == 0:
-            raise ValueError("train_epoch: the data loader yielded no batches")
-        self.epoch += 1
+                if bar is not None:
+                    bar.update()
+            else:
+                skipped_in_a_row += 1
+                if until is not None and skipped_in_a_row == MAX_SKIPPED_IN_A_ROW:  # an endless stream: it would
+                    raise FloatingPointError(  # never reach its step count
+                        f"{skipped_in_a_row} steps in a row were skipped (non-finite loss or gradients) after "
+                        f"{self.step} optimizer steps; fit(max_steps=...) would never reach step {until} "
+                        "(lower the learning rate, clip the gradients, or check the data)")
+            if until is not None and self.step >= until:  # stop before reading another batch: a checkpoint
+                break  # taken now holds the loaders' positions exactly
+        if count == 0:
+            raise ValueError("the train loader yielded no batches")
         mean_loss = loss_sum / samples if samples else math.nan
-        for key, value in (("learning_rates", lr), ("train_loss", mean_loss),
+        for key, value in (("learning_rates", float(self.optimizer.lr)), ("train_loss", mean_loss),
                            ("grad_norm", sum(norms) / len(norms) if norms else math.nan),
-                           ("skipped_steps", self.skipped_steps - skipped_before)):
+                           ("skipped_steps", self.skipped_steps - skipped_before), ("step", self.step)):
             self.history[key].append(value)
         return mean_loss
 
@@ -363,28 +426,63 @@ class Trainer(Resumable):
                 module.training = training
 
     # -- many epochs -------------------------------------------------------------------
-    def fit(self, train_loader: Iterable[Any], val_loader: Iterable[Any] | None = None, epochs: int = 1,
-            callbacks: Sequence[Any] = (), accumulation_steps: int = 1, progress: bool | None = None) -> dict:
-        """Train until ``self.epoch == epochs``, evaluating on ``val_loader`` after each epoch.
+    def fit(self, train_loader: Iterable[Any], val_loader: Iterable[Any] | None = None, epochs: int | None = None,
+            callbacks: Sequence[Any] = (), accumulation_steps: int = 1, progress: bool | None = None,
+            max_steps: int | None = None, eval_every: int | None = None, eval_batches: int | None = None) -> dict:
+        """Train until ``self.epoch == epochs`` (1 without ``epochs`` or ``max_steps``), evaluating on
+        ``val_loader`` after each epoch; or, with ``max_steps``, until ``self.step == max_steps``.
 
-        A trainer restored from a checkpoint continues to the same ``epochs``.
+        A trainer restored from a checkpoint continues to the same target.
         ``callbacks`` are :class:`~tinytrain.callbacks.Callback` objects: after
-        every epoch each one's ``on_epoch_end(trainer, logs)`` runs (one may set
-        ``trainer.stop_training = True``), then each one's ``on_checkpoint``.
-        ``progress=None`` draws ``tqdm`` bars only in a terminal or a notebook.
+        every history row (an epoch, or an evaluation) each one's
+        ``on_epoch_end(trainer, logs)`` runs (one may set ``trainer.stop_training
+        = True``), then each one's ``on_checkpoint``; ``logs`` holds ``epoch``,
+        ``step``, ``lr``, ``train_loss``, ``eval_loss``, ``eval_accuracy``,
+        ``grad_norm`` and ``seconds``. ``progress=None`` draws ``tqdm`` bars only
+        in a terminal or a notebook.
+
+        Steps: ``fit(train, val, max_steps=N, eval_every=M, eval_batches=B)`` reads
+        the train loader as one stream of batches (a new ``iter()``, a new epoch,
+        whenever one ends) and continues where the last ``fit`` or checkpoint left
+        it, mid-epoch included. When ``self.step`` reaches a multiple of ``M``, and
+        at ``N``, it appends a history row (the mean loss per sample since the last
+        row) and evaluates: on all of ``val_loader``, or on its next ``B`` batches,
+        the val loader read as a stream too (one without ``len()`` needs ``B``).
+        A schedule must count steps then (``scheduler_interval="step"``).
+
         Returns ``history``. Every argument is checked before anything runs; a
-        trainer already past ``epochs`` trains nothing and warns (``UserWarning``).
+        trainer already past its target trains nothing and warns (``UserWarning``).
         """
         _check_loader("train_loader", train_loader)
         if val_loader is not None:
             _check_loader("val_loader", val_loader)
-        check_int("epochs", epochs, minimum=0)
         check_int("accumulation_steps", accumulation_steps, minimum=1)
         check_type("callbacks", callbacks, (list, tuple), "a list of callbacks")
         for i, callback in enumerate(callbacks):
             check_methods(f"callbacks[{i}]", callback, _CALLBACK_HOOKS, "a callback, such as a tt.callbacks.Callback")
-        if self.epoch > epochs:
-            warnings.warn(f"fit(epochs={epochs}): the trainer is at epoch {self.epoch}, past the target {epochs}; "
+        if max_steps is None:
+            for name, value in (("eval_every", eval_every), ("eval_batches", eval_batches)):
+                if value is not None:
+                    raise ValueError(f"{name} belongs to fit(max_steps=...): an epoch of fit(epochs=...) is evaluated "
+                                     f"on all of val_loader, got {name}={value!r} without max_steps")
+            target = epochs = 1 if epochs is None else check_int("epochs", epochs, minimum=0)
+            position, counter = self.epoch, "epochs"
+        else:
+            if epochs is not None:
+                raise ValueError(f"fit takes epochs or max_steps, not both: got epochs={epochs!r}, max_steps={max_steps!r}")
+            target = max_steps = check_int("max_steps", max_steps, minimum=0)
+            eval_every = None if eval_every is None else check_int("eval_every", eval_every, minimum=1)
+            eval_batches = None if eval_batches is None else check_int("eval_batches", eval_batches, minimum=1)
+            if self.scheduler is not None and self.scheduler_interval != "step":
+                raise ValueError("fit(max_steps=...) counts steps, but the schedule is set per epoch: create the "
+                                 "Trainer with scheduler_interval='step' (and a schedule whose numbers count steps)")
+            if val_loader is not None and eval_batches is None and not _has_len(val_loader):
+                raise ValueError(f"val_loader (a {type(val_loader).__name__}) has no len(), so evaluating on all of it "
+                                 "may never end: pass eval_batches=N to evaluate on N of its batches each time")
+            position, counter = self.step, "max_steps"
+        if position > target:
+            unit = counter.removeprefix("max_").removesuffix("s")
+            warnings.warn(f"fit({counter}={target}): the trainer is at {unit} {position}, past the target {target}; "
                           "nothing to train", UserWarning, stacklevel=2)
         progress = _progress_enabled() if progress is None else progress
         self._callbacks = tuple(callbacks)
@@ -393,42 +491,80 @@ class Trainer(Resumable):
             if state is not None:
                 callback.load_state_dict(state)
         if val_loader is not None:
-            self._use_loader("val", val_loader)
+            self._use_loader("val", val_loader, stream=eval_batches is not None)
+        if max_steps is not None:
+            self._use_loader("train", train_loader, stream=True)
         self.stop_training = False
         for callback in self._callbacks:
             callback.on_fit_begin(self)
-        bar = _progress(range(self.epoch, epochs), progress, desc="training", unit="epoch",
-                        initial=self.epoch, total=epochs)
-        for _ in bar:
-            start = time.perf_counter()
-            train_loss = self.train_epoch(train_loader, accumulation_steps, progress)
-            eval_loss = accuracy = None
-            if val_loader is not None:
-                eval_loss, accuracy = self.evaluate(val_loader)
-                self.history["eval_loss"].append(eval_loss)
-                self.history["eval_accuracy"].append(accuracy)
-            self.history["epoch_time"].append(time.perf_counter() - start)
-            logs = {"epoch": self.epoch, "lr": self.history["learning_rates"][-1], "train_loss": train_loss,
-                    "eval_loss": eval_loss, "eval_accuracy": accuracy, "grad_norm": self.history["grad_norm"][-1],
-                    "seconds": self.history["epoch_time"][-1]}
-            for callback in self._callbacks:
-                callback.on_epoch_end(self, logs)
-            for callback in self._callbacks:  # every callback's state is final now: a checkpoint holds it
-                callback.on_checkpoint(self, logs)
-            if hasattr(bar, "set_postfix"):
-                bar.set_postfix({k: f"{v:.4g}" for k, v in logs.items() if k in ("train_loss", "eval_loss", "eval_accuracy") and v is not None})
-            if self.stop_training:
-                break
-        if hasattr(bar, "close"):
-            bar.close()
+        if max_steps is None:
+            self._fit_epochs(train_loader, val_loader, epochs, accumulation_steps, progress)
+        else:
+            self._fit_steps(train_loader, val_loader, max_steps, eval_every, eval_batches, accumulation_steps, progress)
         for callback in self._callbacks:
             callback.on_fit_end(self)
         return self.history
 
-    def _use_loader(self, role: str, loader: Any) -> None:
-        """Remember ``loader`` for checkpoints; give it its saved position if a checkpoint was loaded."""
+    def _fit_epochs(self, train_loader: Iterable[Any], val_loader: Iterable[Any] | None, epochs: int,
+                    accumulation_steps: int, progress: bool) -> None:
+        """Epochs until ``self.epoch == epochs``, each evaluated on all of ``val_loader``."""
+        bar = _progress(range(self.epoch, epochs), progress, desc="training", unit="epoch",
+                        initial=self.epoch, total=epochs)
+        for _ in bar:
+            start = time.perf_counter()
+            self.train_epoch(train_loader, accumulation_steps, progress)
+            self._end_row(val_loader, start, bar)
+            if self.stop_training:
+                break
+        if hasattr(bar, "close"):
+            bar.close()
+
+    def _fit_steps(self, train_loader: Iterable[Any], val_loader: Iterable[Any] | None, max_steps: int,
+                   eval_every: int | None, eval_batches: int | None, accumulation_steps: int, progress: bool) -> None:
+        """Steps until ``self.step == max_steps``, a history row and an evaluation at every multiple of
+        ``eval_every`` (and at ``max_steps``)."""
+        windows = _windows(_endless(train_loader, "train"), accumulation_steps)
+        val_stream = None if val_loader is None or eval_batches is None else _endless(val_loader, "val")
+        bar = _progress_bar(progress and self.step < max_steps, desc="training", unit="step", initial=self.step,
+                            total=max_steps)
+        while self.step < max_steps and not self.stop_training:
+            until = max_steps if eval_every is None else min(max_steps, (self.step // eval_every + 1) * eval_every)
+            start = time.perf_counter()
+            self._train_windows(windows, until, bar)
+            self._end_row(val_loader if val_stream is None else itertools.islice(val_stream, eval_batches), start, bar)
+        if bar is not None:
+            bar.close()
+
+    def _end_row(self, val_batches: Iterable[Any] | None, start: float, bar: Any) -> None:
+        """Finish the history row that training has just appended: evaluate on ``val_batches`` (when
+        given), record the row's seconds since ``start``, then the callbacks."""
+        eval_loss = accuracy = None
+        if val_batches is not None:
+            eval_loss, accuracy = self.evaluate(val_batches)
+            self.history["eval_loss"].append(eval_loss)
+            self.history["eval_accuracy"].append(accuracy)
+        self.history["epoch_time"].append(time.perf_counter() - start)
+        logs = {"epoch": self.epoch, "step": self.step, "lr": self.history["learning_rates"][-1],
+                "train_loss": self.history["train_loss"][-1], "eval_loss": eval_loss, "eval_accuracy": accuracy,
+                "grad_norm": self.history["grad_norm"][-1], "seconds": self.history["epoch_time"][-1]}
+        for callback in self._callbacks:
+            callback.on_epoch_end(self, logs)
+        for callback in self._callbacks:  # every callback's state is final now: a checkpoint holds it
+            callback.on_checkpoint(self, logs)
+        if hasattr(bar, "set_postfix"):
+            bar.set_postfix({k: f"{v:.4g}" for k, v in logs.items() if k in ("train_loss", "eval_loss", "eval_accuracy") and v is not None})
+
+    def _use_loader(self, role: str, loader: Any, stream: bool = False) -> None:
+        """Remember ``loader`` for checkpoints; give it its saved position if a checkpoint was loaded.
+
+        A ``stream`` (read across ``fit(max_steps=...)`` calls) continues where it
+        stands even without a checkpoint: reloading its own state makes its next
+        ``iter()`` finish an epoch left midway, as in a resumed run, not start a new one.
+        """
         self._loaders[role] = loader
         state = self._pending["loaders"].pop(role, None)
+        if state is None and stream and hasattr(loader, "state_dict"):
+            state = loader.state_dict()
         if state is not None and hasattr(loader, "load_state_dict"):
             loader.load_state_dict(state)
 

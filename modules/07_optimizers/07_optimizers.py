@@ -24,9 +24,11 @@
 #    PyTorch defines them, updating weights *in place*, in their own dtype;
 # 3. work out why Adam needs *bias correction* and why AdamW's *decoupled* weight
 #    decay is not the same as an L2 penalty;
-# 4. save and restore an optimizer's state so a resumed run continues
+# 4. give parameters their own hyperparameters with *parameter groups*, and
+#    decay the weight matrices only, as GPT recipes do;
+# 5. save and restore an optimizer's state so a resumed run continues
 #    bit for bit;
-# 5. measure the memory an optimizer's state takes and the time of one step for
+# 6. measure the memory an optimizer's state takes and the time of one step for
 #    a 235k-parameter model.
 
 # %%
@@ -108,6 +110,11 @@ plt.show()
 # * keeps the **parameters** in a list. It accepts any iterable of tensors —
 #   a list, or the generator `model.parameters()` returns — and materialises it,
 #   because a generator can be walked only once. Each parameter must require grad;
+# * keeps the hyperparameters in **parameter groups**, as PyTorch does:
+#   `optimizer.param_groups` is a list of dicts, each with its `"params"` and its
+#   own values (`"lr"`, `"weight_decay"`, ...). A plain list of tensors makes one
+#   group with the constructor's values; section 6 uses two groups to decay
+#   only the weight matrices;
 # * keeps one **state dict per parameter** (a momentum buffer, Adam's moment
 #   estimates and step count), created by `init_state` the first time the
 #   parameter gets a gradient. Its buffers come from `xp.zeros_like(param)`,
@@ -116,13 +123,17 @@ plt.show()
 #   in one in-place operation would run up to 40x slower;
 # * in `step()`, skips every parameter whose `.grad` is `None` (a layer that took
 #   no part in this loss: it does not move, and its state does not change), and
-#   calls `update(param, grad, state, xp)` for the others. `param` and `grad` are
-#   the raw backend arrays, `xp` their array namespace (NumPy on the CPU, CuPy on
-#   a GPU), so one `update` serves every device;
+#   calls `update(param, grad, state, group, xp)` for the others. `param` and
+#   `grad` are the raw backend arrays, `group` the parameter's group — read every
+#   hyperparameter from it, `group["lr"]`, never from the optimizer — and `xp`
+#   the arrays' namespace (NumPy on the CPU, CuPy on a GPU), so one `update`
+#   serves every device;
 # * in `zero_grad()`, sets every `.grad` back to `None`, since gradients add up
 #   across `backward()` calls;
 # * exposes the learning rate as the property `lr`, checked on every assignment,
-#   because a learning-rate schedule (Module 09) changes it every epoch;
+#   because a learning-rate schedule (Module 09) changes it every epoch or step.
+#   Assigning it sets every group's `"lr"`; a group that was given a rate of its
+#   own keeps its ratio to the optimizer's (section 6);
 # * turns its state into **plain data** with `state_dict()` — NumPy arrays copied
 #   to the host, numbers, strings, lists, dicts — and back with
 #   `load_state_dict()`, which copies each buffer onto its parameter's device and
@@ -151,7 +162,9 @@ namespace of the parameter's own device and in the parameter's dtype.
 (host NumPy arrays, numbers, strings, lists, dicts) and back.
 
 The update rules are PyTorch's (``torch.optim.SGD``, ``Adam``, ``AdamW``, without
-parameter groups, dampening, AMSGrad or ``maximize``).
+dampening, AMSGrad or ``maximize``), and so are parameter groups: ``params`` may
+be a list of dicts, ``[{"params": [...], "weight_decay": 0.1}, ...]``, each group
+with its own hyperparameters (the constructor's for those it does not set).
 """
 import math
 from typing import Any, Iterable
@@ -163,77 +176,151 @@ from tinytrain.backend import memory_order
 from tinytrain.tensor import Tensor
 
 
-def _parameter_list(params: Iterable[Tensor]) -> list[Tensor]:
-    """The parameters as a list, each checked: a leaf tensor that requires grad, listed once."""
+def _as_list(params: Any, where: str) -> list:
+    """``params`` (any iterable but a single tensor or a dict) as a list."""
     if isinstance(params, Tensor):
-        raise TypeError("params must be an iterable of tensors, got a single Tensor; pass [tensor]")
+        raise TypeError(f"{where} must be an iterable of tensors, got a single Tensor; pass [tensor]")
     if isinstance(params, dict):
-        raise TypeError("params must be an iterable of tensors; parameter groups (dicts) are not supported")
+        raise TypeError(f"{where} must be an iterable of tensors or a list of parameter groups (dicts), got a dict; "
+                        "pass [group]")
     try:
-        params = list(params)
+        return list(params)
     except TypeError:
-        raise TypeError(f"params must be an iterable of tensors, got {type(params).__name__}") from None
-    if not params:
-        raise ValueError("the optimizer got an empty parameter list")
-    seen = set()
+        raise TypeError(f"{where} must be an iterable of tensors, got {type(params).__name__}") from None
+
+
+def _parameter_list(params: Iterable[Tensor], where: str = "params") -> list[Tensor]:
+    """The parameters as a list, each checked: a leaf tensor that requires grad (``where`` names the list)."""
+    params = _as_list(params, where)
     for i, param in enumerate(params):
-        if isinstance(param, dict):
-            raise TypeError(f"params[{i}] is a dict; parameter groups are not supported, pass tensors")
         if not isinstance(param, Tensor):
-            raise TypeError(f"params[{i}] is a {type(param).__name__}, not a Tensor")
+            raise TypeError(f"{where}[{i}] is a {type(param).__name__}, not a Tensor")
         if not param.requires_grad:
             raise ValueError(
-                f"params[{i}] (shape {param.shape}) does not require grad, so it can never be updated; "
+                f"{where}[{i}] (shape {param.shape}) does not require grad, so it can never be updated; "
                 "leave frozen parameters out: [p for p in params if p.requires_grad]"
             )
         if not param.is_leaf:
-            raise ValueError(f"params[{i}] (shape {param.shape}) is the result of an operation, not a leaf tensor")
-        if id(param) in seen:
-            raise ValueError(f"params[{i}] (shape {param.shape}) appears more than once in the parameter list")
-        seen.add(id(param))
+            raise ValueError(f"{where}[{i}] (shape {param.shape}) is the result of an operation, not a leaf tensor")
     return params
 
 
-class Optimizer:
-    """Base class: holds the parameters and their state, and steps them.
+def _parameter_groups(params: Any, defaults: dict[str, Any], check: Any) -> list[dict[str, Any]]:
+    """The parameter groups of ``params`` (tensors: one group), each with every hyperparameter and its ``lr_scale``.
 
-    A subclass sets ``hyperparameters`` (the names that ``state_dict`` saves),
-    validates and stores them in ``_configure``, creates a parameter's state in
-    ``init_state`` and implements the update rule in ``update``.
+    A group's missing hyperparameters come from ``defaults``; ``check(**hyperparameters)``
+    validates them. Every parameter is checked and may appear once in all the groups.
+    """
+    params = _as_list(params, "params")
+    is_group = [isinstance(item, dict) for item in params]
+    if any(is_group) and not all(is_group):
+        raise TypeError("params mixes tensors and parameter groups (dicts); pass a list of tensors or a list of groups")
+    grouped = bool(params) and all(is_group)
+    specs = params if grouped else [{"params": params}]
+    allowed = {"params", *defaults}
+    groups, seen = [], {}
+    for g, spec in enumerate(specs):
+        name = f"params[{g}]['params']" if grouped else "params"
+        if "params" not in spec or spec.keys() - allowed:
+            raise ValueError(f"params[{g}] is a parameter group with keys {sorted(spec)}: it needs 'params' and may "
+                             f"set {', '.join(sorted(defaults))}")
+        members = _parameter_list(spec["params"], name)
+        for i, param in enumerate(members):
+            first = seen.setdefault(id(param), f"{name}[{i}]")
+            if first != f"{name}[{i}]":
+                raise ValueError(f"{name}[{i}] (shape {param.shape}) appears more than once in the parameters "
+                                 f"(also as {first}); a parameter belongs to one group")
+        try:
+            settings = check(**{**defaults, **{key: value for key, value in spec.items() if key != "params"}})
+        except (TypeError, ValueError) as error:
+            raise type(error)(f"params[{g}] (a parameter group): {error}") from None
+        # a group's rate follows the optimizer's (Optimizer.lr) at its own ratio: 1 unless it set its own lr
+        groups.append({"params": members, **settings, "lr_scale": settings["lr"] / defaults["lr"]})
+    if not any(group["params"] for group in groups):
+        raise ValueError("the optimizer got an empty parameter list")
+    return groups
+
+
+def _plain(value: Any) -> Any:
+    """A hyperparameter as plain data for a state dict (a tuple becomes a list)."""
+    return list(value) if isinstance(value, tuple) else value
+
+
+def weight_decay_groups(params: Iterable[Tensor], weight_decay: float) -> list[dict[str, Any]]:
+    """``params`` as two parameter groups: the matrices decay, the rest does not.
+
+    ``[{"params": matrices, "weight_decay": weight_decay}, {"params": the others, "weight_decay": 0.0}]``,
+    where the matrices are the parameters with ``ndim >= 2`` (the weights of
+    Linear and Conv2d layers, embedding tables) and the others the vectors
+    (biases, the gains and shifts of normalisation layers), as nanoGPT splits
+    them. Pass the result as an optimizer's ``params``: ``AdamW(weight_decay_groups(
+    model.parameters(), 0.1), lr=1e-3)``. Either group may be empty.
+    """
+    weight_decay = check_number("weight_decay", weight_decay, minimum=0)
+    params = _parameter_list(params)
+    return [{"params": [p for p in params if p.ndim >= 2], "weight_decay": weight_decay},
+            {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}]
+
+
+class Optimizer:
+    """Base class: holds the parameters in groups, and their state, and steps them.
+
+    ``params`` is an iterable of tensors (one group) or a list of parameter groups,
+    ``{"params": [...], "lr": ..., ...}``; ``defaults`` are the constructor's
+    hyperparameters, which fill in what a group does not set. ``param_groups``
+    holds the groups (each with every hyperparameter, and ``lr_scale``: see
+    ``lr``), ``params`` all parameters in group order, ``state`` one dict per
+    parameter. A subclass sets ``hyperparameters`` (the names that ``state_dict``
+    saves), validates them in ``_check_hyperparameters``, creates a parameter's
+    state in ``init_state`` and implements the update rule in ``update``.
     """
 
     hyperparameters: tuple[str, ...] = ("lr",)
 
-    def __init__(self, params: Iterable[Tensor]) -> None:
-        self.params = _parameter_list(params)
+    def __init__(self, params: Iterable[Any], **defaults: Any) -> None:
+        self.defaults = self._check_hyperparameters(**defaults)
+        self.param_groups = _parameter_groups(params, self.defaults, self._check_hyperparameters)
+        self.params = [param for group in self.param_groups for param in group["params"]]
+        self._groups = [group for group in self.param_groups for _ in group["params"]]  # each parameter's group
+        self._lr = self.defaults["lr"]
         self.state: list[dict[str, Any]] = [{} for _ in self.params]
         self._state_backends: list[Any] = [None] * len(self.params)  # where each state's arrays live
         self._scratch: dict[Any, Any] = {}  # (xp, dtype, device) -> flat buffer: see scratch_like
         self._scratch_views: dict[Any, Any] = {}  # (xp, dtype, device, *shape) -> view of that buffer
 
     def __repr__(self) -> str:
-        settings = ", ".join(f"{name}={getattr(self, name)!r}" for name in self.hyperparameters)
-        return f"{type(self).__name__}({len(self.params)} parameters, {settings})"
+        settings = ", ".join(f"{name}={value!r}" for name, value in {**self.defaults, "lr": self.lr}.items())
+        groups = f" in {len(self.param_groups)} groups" if len(self.param_groups) > 1 else ""
+        return f"{type(self).__name__}({len(self.params)} parameters{groups}, {settings})"
 
     @property
     def lr(self) -> float:
-        """The learning rate of the next ``step()``; assign to change it."""
+        """The optimizer's learning rate: that of every group that did not set its own.
+
+        Assigning sets every group's rate to ``value * group["lr_scale"]``: a group
+        created with its own ``lr`` keeps its ratio to the optimizer's (as PyTorch's
+        schedulers scale each group's initial rate), every other group gets ``value``.
+        """
         return self._lr
 
     @lr.setter
     def lr(self, value: float) -> None:
-        self._lr = check_number("lr", value, above=0)  # a Python float: it never promotes float32 math to float64
+        value = check_number("lr", value, above=0)  # a Python float: it never promotes float32 math to float64
+        for group in self.param_groups:
+            group["lr"] = value * group["lr_scale"]
+        self._lr = value
 
-    def _configure(self, **hyperparameters: Any) -> None:
-        """Validate and store the hyperparameters (all, or none when one is invalid)."""
-        raise NotImplementedError
+    def _check_hyperparameters(self, lr: float) -> dict[str, Any]:
+        """The hyperparameters validated and normalised (Python floats, tuples), or an error naming the value;
+        a subclass with more hyperparameters than ``lr`` overrides it."""
+        return {"lr": check_number("lr", lr, above=0)}
 
-    def init_state(self, param: Any, xp: Any) -> dict[str, Any]:
-        """The state of a parameter before its first update (``param`` is its array)."""
+    def init_state(self, param: Any, group: dict[str, Any], xp: Any) -> dict[str, Any]:
+        """The state of a parameter of ``group`` before its first update (``param`` is its array)."""
         return {}
 
-    def update(self, param: Any, grad: Any, state: dict[str, Any], xp: Any) -> None:
-        """Apply one step of the rule to the array ``param`` in place."""
+    def update(self, param: Any, grad: Any, state: dict[str, Any], group: dict[str, Any], xp: Any) -> None:
+        """Apply one step of the rule, with ``group``'s hyperparameters, to the array ``param`` in place."""
         raise NotImplementedError
 
     def scratch_like(self, param: Any, xp: Any) -> Any:
@@ -263,7 +350,8 @@ class Optimizer:
         State follows its parameter: after ``model.to(device)`` the next step
         moves each state's arrays to the parameter's new device first.
         """
-        for index, (param, state, home) in enumerate(zip(self.params, self.state, self._state_backends)):
+        for index, (param, state, home, group) in enumerate(
+                zip(self.params, self.state, self._state_backends, self._groups)):
             grad = param.grad
             if grad is None:
                 continue
@@ -273,13 +361,13 @@ class Optimizer:
             backend = param._backend
             if home is not backend:  # the first step, or the parameter has moved since the last one
                 self._settle_state(index, backend)
-            self.update(array, grad, state, backend.xp)
+            self.update(array, grad, state, group, backend.xp)
 
     def _settle_state(self, index: int, backend: Any) -> None:
         """Create parameter ``index``'s state, or copy its arrays (through the host) to ``backend``."""
         state, home = self.state[index], self._state_backends[index]
         if not state:
-            state.update(self.init_state(self.params[index].data, backend.xp))
+            state.update(self.init_state(self.params[index].data, self._groups[index], backend.xp))
         for key, value in state.items():
             if home is not None and home.is_array(value):
                 state[key] = backend.from_host(home.to_host(value))
@@ -291,18 +379,22 @@ class Optimizer:
             param.grad = None
 
     def state_dict(self, copy: bool = True) -> dict[str, Any]:
-        """Hyperparameters and per-parameter state as plain data (arrays copied to the host).
+        """The learning rate, the parameter groups and the per-parameter state as plain data (arrays copied to the host).
 
-        ``{"optimizer": "Adam", "hyperparameters": {"lr": ..., ...},
-        "state": [{"step": 3, "exp_avg": ndarray, ...}, ...]}``, one state dict per
-        parameter in order (empty for a parameter that has not been updated yet).
-        ``copy=False`` skips the copy of arrays already on the host, so they are the
-        optimizer's own buffers: for writing straight to a file (a checkpoint).
+        ``{"optimizer": "Adam", "lr": ..., "param_groups": [{"params": [0, 1], "lr": ...,
+        "betas": [...], ..., "lr_scale": 1.0}, ...], "state": [{"step": 3, "exp_avg":
+        ndarray, ...}, ...]}``: each group lists its parameters by their position in
+        ``params``; one state dict per parameter in order (empty for a parameter
+        that has not been updated yet). ``copy=False`` skips the copy of arrays
+        already on the host, so they are the optimizer's own buffers: for writing
+        straight to a file (a checkpoint).
         """
-        hyperparameters = {}
-        for name in self.hyperparameters:
-            value = getattr(self, name)
-            hyperparameters[name] = list(value) if isinstance(value, tuple) else value
+        groups, start = [], 0
+        for group in self.param_groups:
+            count = len(group["params"])
+            groups.append({"params": list(range(start, start + count)),
+                           **{name: _plain(group[name]) for name in (*self.hyperparameters, "lr_scale")}})
+            start += count
         states = []
         for param, state in zip(self.params, self.state):
             backend = param._backend
@@ -312,7 +404,7 @@ class Optimizer:
                     for key, value in state.items()
                 }
             )
-        return {"optimizer": type(self).__name__, "hyperparameters": hyperparameters, "state": states}
+        return {"optimizer": type(self).__name__, "lr": self.lr, "param_groups": groups, "state": states}
 
     def load_state_dict(self, state_dict: dict[str, Any], copy: bool = True) -> None:
         """Restore what ``state_dict()`` returned: copies, on each parameter's device and dtype.
@@ -321,21 +413,21 @@ class Optimizer:
         (and can be written) instead of copying them: for a state dict that no
         one else holds, such as one just read from a checkpoint file.
         Raises ``ValueError`` (changing nothing) for the state of another optimizer
-        type, another number of parameters, or buffers of the wrong shape.
+        type, another number of parameters, other parameter groups, invalid
+        hyperparameters, or buffers of the wrong shape. A state dict saved before
+        tinytrain had parameter groups (one ``"hyperparameters"`` dict) loads as one group.
         """
-        if not isinstance(state_dict, dict) or not {"optimizer", "hyperparameters", "state"} <= state_dict.keys():
+        if not isinstance(state_dict, dict) or not {"optimizer", "state"} <= state_dict.keys() or not (
+                {"lr", "param_groups"} <= state_dict.keys() or "hyperparameters" in state_dict):
             raise ValueError("not an optimizer state dict: expected a dict with keys "
-                             "'optimizer', 'hyperparameters' and 'state'")
+                             "'optimizer', 'lr', 'param_groups' and 'state'")
         kind, states = state_dict["optimizer"], state_dict["state"]
         if kind != type(self).__name__:
             raise ValueError(f"cannot load the state of a {kind} optimizer into a {type(self).__name__}")
         if not isinstance(states, list) or len(states) != len(self.params):
             count = len(states) if isinstance(states, list) else type(states).__name__
             raise ValueError(f"the state dict holds state for {count} parameters, this optimizer has {len(self.params)}")
-        hyperparameters = state_dict["hyperparameters"]
-        if not isinstance(hyperparameters, dict) or hyperparameters.keys() != set(self.hyperparameters):
-            raise ValueError(f"the state dict's hyperparameters {hyperparameters!r} are not those of "
-                             f"{type(self).__name__}: {', '.join(self.hyperparameters)}")
+        lr, groups = self._saved_groups(state_dict)
         restored = []
         for i, (param, saved) in enumerate(zip(self.params, states)):
             if not isinstance(saved, dict):
@@ -352,9 +444,41 @@ class Optimizer:
                     value = param._backend.from_host(value)
                 state[key] = value
             restored.append(state)
-        self._configure(**hyperparameters)
+        for group, settings in zip(self.param_groups, groups):
+            group.update(settings)
+        self._lr = lr
         self.state = restored
         self._state_backends = [param._backend if state else None for param, state in zip(self.params, restored)]
+
+    def _saved_groups(self, state_dict: dict[str, Any]) -> tuple[float, list[dict[str, Any]]]:
+        """The checked learning rate and groups' hyperparameters of a state dict, or ``ValueError``."""
+        if "param_groups" in state_dict:
+            lr, saved = state_dict["lr"], state_dict["param_groups"]
+        else:  # saved before parameter groups: one group of every parameter
+            hyperparameters = state_dict["hyperparameters"]
+            if not isinstance(hyperparameters, dict):
+                raise ValueError(f"the state dict's hyperparameters must be a dict, got {hyperparameters!r}")
+            lr = hyperparameters.get("lr")
+            saved = [{"params": list(range(len(self.params))), **hyperparameters, "lr_scale": 1.0}]
+        if not isinstance(saved, list) or len(saved) != len(self.param_groups):
+            count = len(saved) if isinstance(saved, list) else type(saved).__name__
+            raise ValueError(f"the state dict holds {count} parameter groups, this optimizer has {len(self.param_groups)}")
+        keys = {"params", "lr_scale", *self.hyperparameters}
+        groups, start = [], 0
+        for g, (group, mine) in enumerate(zip(saved, self.param_groups)):
+            if not isinstance(group, dict) or group.keys() != keys:
+                shown = sorted(group) if isinstance(group, dict) else repr(group)
+                raise ValueError(f"parameter group {g} of the state dict has keys {shown}, a {type(self).__name__} "
+                                 f"group has {sorted(keys)}")
+            members = list(range(start, start + len(mine["params"])))
+            if group["params"] != members:
+                raise ValueError(f"parameter group {g} of the state dict holds parameters {group['params']}, "
+                                 f"this optimizer's holds {members}")
+            settings = self._check_hyperparameters(**{name: group[name] for name in self.hyperparameters})
+            settings["lr_scale"] = check_number("lr_scale", group["lr_scale"], above=0)
+            groups.append(settings)
+            start += len(members)
+        return check_number("lr", lr, above=0), groups
 
 
 # %% [markdown]
@@ -363,7 +487,7 @@ class Optimizer:
 # %%
 for bad in ([], [tt.zeros(3)]):
     try:
-        Optimizer(bad)
+        Optimizer(bad, lr=0.1)
     except ValueError as error:
         print("ValueError:", error)
 
@@ -408,9 +532,11 @@ for bad in ([], [tt.zeros(3)]):
 #
 # With Nesterov the first step is $\theta_1 = 1 - 0.1\,(1 + 0.9 \cdot 1) = 0.81$.
 #
-# Write `update`. Change `param` and the buffer **in place** (`buf *= mu`,
-# `param -= ...`); never change `grad` — it belongs to the parameter, and
-# whoever called `step()` may still read it.
+# Write `update`. Read the hyperparameters from `group` (`group["lr"]`,
+# `group["momentum"]`, `group["nesterov"]`, `group["weight_decay"]`). Change
+# `param` and the buffer **in place** (`buf *= mu`, `param -= ...`); never change
+# `grad` — it belongs to the parameter, and whoever called `step()` may still
+# read it.
 #
 # `param -= lr * d` builds `lr * d`, a temporary as large as the parameter, on
 # every step, exactly as hand-written NumPy does. That is cheaper than it looks:
@@ -438,46 +564,47 @@ class SGD(Optimizer):
         nesterov: bool = False,
         weight_decay: float = 0.0,
     ) -> None:
-        super().__init__(params)
-        self._configure(lr=lr, momentum=momentum, nesterov=nesterov, weight_decay=weight_decay)
+        super().__init__(params, lr=lr, momentum=momentum, nesterov=nesterov, weight_decay=weight_decay)
 
-    def _configure(self, lr: float, momentum: float, nesterov: bool, weight_decay: float) -> None:
+    def _check_hyperparameters(self, lr: float, momentum: float, nesterov: bool, weight_decay: float) -> dict[str, Any]:
         lr = check_number("lr", lr, above=0)
         momentum = check_number("momentum", momentum, minimum=0)
         weight_decay = check_number("weight_decay", weight_decay, minimum=0)
         check_type("nesterov", nesterov, (bool, np.bool_), "True or False")
         if nesterov and momentum == 0:
             raise ValueError(f"nesterov=True needs momentum > 0, got momentum={momentum!r}")
-        self.lr, self.momentum, self.nesterov, self.weight_decay = lr, momentum, bool(nesterov), weight_decay
+        return {"lr": lr, "momentum": momentum, "nesterov": bool(nesterov), "weight_decay": weight_decay}
 
-    def init_state(self, param: Any, xp: Any) -> dict[str, Any]:
+    def init_state(self, param: Any, group: dict[str, Any], xp: Any) -> dict[str, Any]:
         """A zero momentum buffer (so the first step gives ``b = g``), or nothing without momentum."""
-        return {"momentum_buffer": xp.zeros_like(param)} if self.momentum else {}
+        return {"momentum_buffer": xp.zeros_like(param)} if group["momentum"] else {}
 
-    def update(self, param: Any, grad: Any, state: dict[str, Any], xp: Any) -> None:
+    def update(self, param: Any, grad: Any, state: dict[str, Any], group: dict[str, Any], xp: Any) -> None:
         """One SGD step on the array ``param``, in place (``grad`` is left untouched).
 
+        With ``group``'s ``lr``, ``momentum``, ``nesterov`` and ``weight_decay``:
         ``g += weight_decay * param``; with momentum ``b = momentum * b + g`` (in
         place on ``state["momentum_buffer"]``) and ``d = g + momentum * b``
         (Nesterov) or ``d = b``; without, ``d = g``. Then ``param -= lr * d``.
         Keeps no state but the momentum buffer (``memory_report`` counts all of it).
         """
         ### BEGIN SOLUTION
-        if self.weight_decay:
-            decayed = param * self.weight_decay  # a new array: the caller's grad stays as it was
+        lr, momentum, weight_decay = group["lr"], group["momentum"], group["weight_decay"]
+        if weight_decay:
+            decayed = param * weight_decay  # a new array: the caller's grad stays as it was
             decayed += grad
             grad = decayed
         direction = grad
-        if self.momentum:
+        if momentum:
             buffer = state["momentum_buffer"]
-            buffer *= self.momentum
+            buffer *= momentum
             buffer += grad
-            if self.nesterov:
-                direction = buffer * self.momentum
+            if group["nesterov"]:
+                direction = buffer * momentum
                 direction += grad
             else:
                 direction = buffer
-        param -= direction * self.lr
+        param -= direction * lr
         ### END SOLUTION
 
 
@@ -594,7 +721,7 @@ for t in range(1, 10_001):
 # `Adam.update` (given) adds the L2 term and calls `adam_update`, which you
 # write: the step from "$m_t = \dots$" on, for a gradient that already includes
 # any weight decay. `state` holds `step` (an int), `exp_avg` ($m$) and
-# `exp_avg_sq` ($v$) — PyTorch's names.
+# `exp_avg_sq` ($v$) — PyTorch's names; `group` holds `"lr"`, `"betas"` and `"eps"`.
 
 # %% export="optim"
 class Adam(Optimizer):
@@ -616,40 +743,41 @@ class Adam(Optimizer):
         eps: float = 1e-8,
         weight_decay: float = 0.0,
     ) -> None:
-        super().__init__(params)
-        self._configure(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
+        super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
 
-    def _configure(self, lr: float, betas: tuple[float, float], eps: float, weight_decay: float) -> None:
+    def _check_hyperparameters(self, lr: float, betas: tuple[float, float], eps: float,
+                               weight_decay: float) -> dict[str, Any]:
         lr = check_number("lr", lr, above=0)
         if not isinstance(betas, (tuple, list)) or len(betas) != 2:
             raise ValueError(f"betas must be a pair (beta1, beta2), got betas={betas!r}")
         betas = tuple(check_number(f"betas[{i}]", beta, minimum=0, below=1) for i, beta in enumerate(betas))
         eps = check_number("eps", eps, above=0)
         weight_decay = check_number("weight_decay", weight_decay, minimum=0)
-        self.lr, self.betas, self.eps, self.weight_decay = lr, betas, eps, weight_decay
+        return {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay}
 
-    def init_state(self, param: Any, xp: Any) -> dict[str, Any]:
+    def init_state(self, param: Any, group: dict[str, Any], xp: Any) -> dict[str, Any]:
         return {"step": 0, "exp_avg": xp.zeros_like(param), "exp_avg_sq": xp.zeros_like(param)}
 
-    def update(self, param: Any, grad: Any, state: dict[str, Any], xp: Any) -> None:
+    def update(self, param: Any, grad: Any, state: dict[str, Any], group: dict[str, Any], xp: Any) -> None:
         """L2 weight decay joins the gradient, then the Adam step."""
-        if self.weight_decay:
-            decayed = param * self.weight_decay  # a new array: the caller's grad stays as it was
+        if group["weight_decay"]:
+            decayed = param * group["weight_decay"]  # a new array: the caller's grad stays as it was
             decayed += grad
             grad = decayed
-        self.adam_update(param, grad, state, xp)
+        self.adam_update(param, grad, state, group, xp)
 
-    def adam_update(self, param: Any, grad: Any, state: dict[str, Any], xp: Any) -> None:
+    def adam_update(self, param: Any, grad: Any, state: dict[str, Any], group: dict[str, Any], xp: Any) -> None:
         """One Adam step on the array ``param``, in place, for ``grad`` (decay already included).
 
-        Increments ``state["step"]`` to ``t``; updates ``m = state["exp_avg"]`` and
+        With ``group``'s ``lr``, ``betas = (b1, b2)`` and ``eps``:
+        increments ``state["step"]`` to ``t``; updates ``m = state["exp_avg"]`` and
         ``v = state["exp_avg_sq"]`` in place (``m = b1 m + (1 - b1) g``,
         ``v = b2 v + (1 - b2) g^2``); then
         ``param -= lr * (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps)``.
         Keeps no state but these three entries.
         """
         ### BEGIN SOLUTION
-        beta1, beta2 = self.betas
+        beta1, beta2 = group["betas"]
         state["step"] += 1
         step = state["step"]
         m, v = state["exp_avg"], state["exp_avg_sq"]
@@ -663,9 +791,9 @@ class Adam(Optimizer):
         v += scratch
         xp.sqrt(v, out=scratch)
         scratch /= math.sqrt(1 - beta2**step)
-        scratch += self.eps  # sqrt(v_hat) + eps
+        scratch += group["eps"]  # sqrt(v_hat) + eps
         xp.divide(m, scratch, out=scratch)
-        scratch *= self.lr / (1 - beta1**step)
+        scratch *= group["lr"] / (1 - beta1**step)
         param -= scratch
         ### END SOLUTION
 
@@ -710,7 +838,8 @@ print("Adam OK")
 # learning-rate schedule scales both together; the paper's original form had a
 # separate schedule multiplier.
 #
-# Write `AdamW.update`: decay `param` in place, then call `adam_update`.
+# Write `AdamW.update`: decay `param` in place with `group["lr"]` and
+# `group["weight_decay"]`, then call `adam_update` (with the same `group`).
 
 # %% export="optim"
 class AdamW(Adam):
@@ -731,12 +860,12 @@ class AdamW(Adam):
     ) -> None:
         super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
 
-    def update(self, param: Any, grad: Any, state: dict[str, Any], xp: Any) -> None:
-        """Decay ``param`` in place by ``1 - lr * weight_decay``, then ``adam_update``."""
+    def update(self, param: Any, grad: Any, state: dict[str, Any], group: dict[str, Any], xp: Any) -> None:
+        """Decay ``param`` in place by ``1 - lr * weight_decay`` (``group``'s), then ``adam_update``."""
         ### BEGIN SOLUTION
-        if self.weight_decay:
-            param *= 1 - self.lr * self.weight_decay
-        self.adam_update(param, grad, state, xp)
+        if group["weight_decay"]:
+            param *= 1 - group["lr"] * group["weight_decay"]
+        self.adam_update(param, grad, state, group, xp)
         ### END SOLUTION
 
 
@@ -786,7 +915,58 @@ print(f"(1 - lr * wd) ** 500 = {0.999**500:.3f}")
 # weight's decay is divided by $\sqrt{\hat v} \approx 10$ and shrinks it ten times
 # less than intended. AdamW decays both alike, independently of their gradients.
 #
-# ## 6. The race on the bowl
+# ## 6. Parameter groups: decay the matrices only
+#
+# Weight decay pulls every weight towards 0. For a weight matrix that is the
+# point: small rows make a smoother function of the input. For the vectors of a
+# network it is not: a bias says where a unit switches on, a normalisation
+# layer's gain starts at 1 because 1 leaves its input's scale alone, and pulling
+# either to 0 fights the loss without making the function any simpler. They are
+# also few (under 1% of a transformer's numbers), so they hardly overfit. GPT-2's
+# recipe, nanoGPT's and most since therefore decay the parameters with two or
+# more dimensions — weight matrices, convolution kernels, embedding tables —
+# and leave the one-dimensional ones alone.
+#
+# That takes two sets of hyperparameters in one optimizer: **parameter groups**.
+# Instead of a list of tensors, pass a list of dicts, each with its `"params"`
+# and the hyperparameters it sets; the constructor's arguments fill in the
+# rest. For a parameter $\theta$ of group $g$, AdamW then takes its step with
+# that group's values,
+#
+# $$\theta \leftarrow \theta\,(1 - \eta_g \lambda_g), \qquad \text{then the Adam step with } \eta_g, \beta_g, \epsilon_g,$$
+#
+# which is why `update` reads everything from `group`. `weight_decay_groups(params,
+# weight_decay)` (given) makes the two groups:
+#
+# ```python
+# AdamW(weight_decay_groups(model.parameters(), 0.1), lr=1e-3, betas=(0.9, 0.99))
+# # = AdamW([{"params": matrices, "weight_decay": 0.1}, {"params": vectors, "weight_decay": 0.0}], ...)
+# ```
+#
+# **The learning rate of a group.** A schedule sets one rate, `optimizer.lr = x`.
+# A group that did not set its own `lr` gets $x$; a group created with its own
+# rate $\eta_g^0$ keeps its ratio to the optimizer's, $x \cdot \eta_g^0/\eta^0$
+# (`group["lr_scale"]`), as PyTorch's schedulers scale each group's initial rate.
+# A group at a tenth of the rate stays at a tenth all through a cosine schedule.
+
+# %% check=1
+matrix = tt.tensor([[2.0, -2.0], [4.0, 1.0]], requires_grad=True)
+bias = tt.tensor([1.0, -1.0], requires_grad=True)
+optimizer = AdamW(weight_decay_groups([matrix, bias], 0.5), lr=0.1)
+assert [group["weight_decay"] for group in optimizer.param_groups] == [0.5, 0.0]
+matrix.grad, bias.grad = tt.zeros(2, 2), tt.zeros(2)  # no gradient: only the decay acts
+optimizer.step()
+assert np.allclose(matrix.numpy(), [[1.9, -1.9], [3.8, 0.95]]) and np.allclose(bias.numpy(), [1.0, -1.0])
+optimizer = AdamW([{"params": [matrix], "lr": 0.01}, {"params": [bias]}], lr=0.1, weight_decay=0.5)
+before = matrix.numpy(), bias.numpy()
+optimizer.step()  # each group decays with its own rate: 1 - 0.01 * 0.5 and 1 - 0.1 * 0.5
+assert np.allclose(matrix.numpy(), before[0] * 0.995) and np.allclose(bias.numpy(), before[1] * 0.95)
+optimizer.lr = 0.2  # a schedule's new rate: the first group keeps its tenth of it
+assert np.allclose([group["lr"] for group in optimizer.param_groups], [0.02, 0.2])
+print("parameter groups OK")
+
+# %% [markdown]
+# ## 7. The race on the bowl
 #
 # Now run the three rules on the bowl of section 1, with the classes you wrote and
 # autograd computing the gradient. The learning rates are roughly the best for
@@ -835,7 +1015,7 @@ plt.show()
 # default first choice, and well-tuned SGD with momentum often generalises
 # slightly better on vision models.
 #
-# ## 7. Saving and restoring the state
+# ## 8. Saving and restoring the state
 #
 # A checkpoint must hold the optimizer's state as well as the weights: resuming
 # Adam with zeroed moments restarts the bias correction and jolts the weights
@@ -870,7 +1050,7 @@ quadratic_steps(optimizer, resumed, 3)
 print("bit-identical after resuming:", np.array_equal(resumed.numpy(), straight.numpy()))
 
 # %% [markdown]
-# ## 8. Systems: memory and time of the optimizer
+# ## 9. Systems: memory and time of the optimizer
 #
 # ### Memory
 #
@@ -1005,15 +1185,18 @@ print(f"forward + backward, batch 64: {best_time(forward_backward, number=5) * 1
 # compare trajectories with PyTorch's when it is installed), with these
 # differences in the interface:
 #
-# * **Parameter groups.** PyTorch's optimizers take a list of *dicts*, each with
-#   its own parameters and hyperparameters (`[{"params": backbone, "lr": 1e-4},
-#   {"params": head}]`), and keep them in `optimizer.param_groups`; a scheduler sets
-#   `group["lr"]` for every group. We omit groups: one set of hyperparameters,
-#   and `opt.lr` is a plain attribute.
+# * **Parameter groups** are PyTorch's: a list of dicts, each with its own
+#   parameters and hyperparameters (`[{"params": backbone, "lr": 1e-4},
+#   {"params": head}]`), kept in `optimizer.param_groups`. PyTorch has no
+#   `optimizer.lr`: its schedulers set `group["lr"]` for every group from the
+#   group's initial rate (`initial_lr`), which our `lr` setter does with
+#   `lr_scale`. PyTorch has no `weight_decay_groups` either; nanoGPT's
+#   `configure_optimizers` splits by `p.dim() >= 2` as it does.
 # * `zero_grad()` sets gradients to `None` by default (since PyTorch 2.0), as ours does.
 # * `state_dict()` has keys `"state"` (per-parameter state indexed by position,
 #   with `step`, `momentum_buffer`, `exp_avg`, `exp_avg_sq` — the names we use)
-#   and `"param_groups"`; it holds tensors, which `torch.save` pickles.
+#   and `"param_groups"` (hyperparameters, parameters by position), as ours
+#   does; it holds tensors, which `torch.save` pickles.
 # * Options we leave out: SGD's `dampening`, Adam's `amsgrad`, `maximize`,
 #   `step(closure)` (for L-BFGS, which needs to re-evaluate the loss), and the
 #   `foreach` / `fused` multi-tensor implementations that make the GPU update fast.
@@ -1030,5 +1213,7 @@ print(f"forward + backward, batch 64: {best_time(forward_backward, number=5) * 1
 #   start of the averages (without it, the first step is $3.16\,\eta$). State: 2x.
 # * AdamW decays the weights directly, $\theta \leftarrow \theta(1 - \eta\lambda)$,
 #   instead of adding $\lambda\theta$ to a gradient that Adam then rescales.
+# * Parameter groups give parameters their own hyperparameters; decay the
+#   matrices (`ndim >= 2`) and leave biases and norm gains alone.
 # * `state_dict()` is plain host data; restoring it makes a resumed run
 #   bit-identical to an uninterrupted one.

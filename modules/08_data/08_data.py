@@ -9,7 +9,7 @@
 # %% [markdown]
 # # Module 08 — Data: datasets, batches and shuffling
 #
-# *One sitting, about 1.5 hours: the lesson, 7 functions to write, and the measurements.*
+# *One sitting, about 1.5 hours: the lesson, 9 functions to write, and the measurements.*
 #
 # A training loop never sees "the data set". It sees a stream of small
 # **batches**, a few dozen samples each, in an order that changes every epoch.
@@ -27,7 +27,9 @@
 #    random generator of its own so that every epoch's order is reproducible;
 # 4. see what shuffling does to training on sorted data;
 # 5. save a loader's position mid-epoch and resume with exactly the same batches;
-# 6. measure the loader's throughput: one gather per batch against a Python loop
+# 6. cut a stream of tokens into the (inputs, targets) windows a language model
+#    trains on;
+# 7. measure the loader's throughput: one gather per batch against a Python loop
 #    over samples.
 
 # %%
@@ -67,6 +69,9 @@ from tinytrain.datasets import Digits
 
 # %% export="data"
 """Datasets and the DataLoader: samples in, shuffled batches of tensors out.
+
+:class:`TokenWindows` makes a language model's samples, windows of a stream of
+token ids with the next tokens as targets, from which a DataLoader draws batches.
 
 A :class:`Dataset` is anything with ``len(ds)`` and ``ds[i]``. A
 :class:`DataLoader` cuts each epoch's sample order into batches, gathers every
@@ -738,7 +743,141 @@ assert fresh.epoch == 3
 print("exact resume OK")
 
 # %% [markdown]
-# ## 6. Systems: how fast is the loader?
+# ## 6. Windows of a token stream
+#
+# A language model's data set is one long stream of **token ids** — a whole
+# book, turned into integers by a tokenizer — and its task is to predict each
+# token from the ones before it. A training sample is a **window** of `T`
+# consecutive tokens (the *context*) and, as targets, the same window shifted
+# by one token: the model reads positions $0, \dots, j$ and predicts token
+# $j + 1$, for every $j$ at once, so one window holds `T` predictions. For a
+# window that starts at token $s$,
+#
+# $$x = (t_s, \dots, t_{s+T-1}), \qquad y = (t_{s+1}, \dots, t_{s+T}).$$
+#
+# The last target of a window is the token after it, so a window may start at
+# most at $N - T - 1$ in a stream of $N$ tokens. With the starts
+# $0, r, 2r, \dots$ (a **stride** $r$) there are
+#
+# $$\left\lfloor \frac{N - T - 1}{r} \right\rfloor + 1 \ \text{windows}.$$
+#
+# Worked example: the stream `10 11 12 13 14 15 16` ($N = 7$) with $T = 3$.
+# Stride 1 gives 4 windows, starting at 0 to 3; the last is
+# $x = (13, 14, 15)$, $y = (14, 15, 16)$. Stride 3 gives
+# $\lfloor 3/3 \rfloor + 1 = 2$ windows, starting at 0 and 3.
+#
+# Two strides matter. **Stride 1** makes every start a sample; a shuffling
+# `DataLoader` then draws windows at uniformly random starts, every start once
+# per epoch, reproducibly from its seed — and its `state_dict` resumes the
+# stream mid-epoch exactly, as section 5 showed. (nanoGPT draws starts
+# independently, with replacement: the same distribution for each window. An
+# epoch of Tiny Shakespeare's million characters is a million windows; a run of
+# a few thousand steps sees a fraction of them.) **Stride `T`** puts the windows
+# side by side: each token is predicted once, in order, and every evaluation
+# reads the same windows, so evaluation losses compare across a run.
+#
+# `TokenWindows` is a dataset, so everything a `DataLoader` does comes for free:
+# shuffling, resuming, and — in Module 13 — data parallelism, where each
+# process gets its own shard of every epoch's windows. You write `__len__` (the
+# formula above) and `__getitems__`: a batch of windows in **one fancy index**
+# per array. For window numbers `i` the starts are `i * stride`; add
+# `np.arange(T)` across the columns and the `(B, T)` array of positions indexes
+# the tokens at once, no Python loop; the targets are the positions plus one.
+
+# %% export="data"
+class TokenWindows(Dataset):
+    """The windows of a stream of token ids, as ``(inputs, targets)`` samples for a language model.
+
+    ``TokenWindows(tokens, context, stride=1)``: window ``i`` starts at token
+    ``s = i * stride``; its inputs are ``tokens[s : s + context]`` and its targets
+    the next tokens, ``tokens[s + 1 : s + context + 1]``. There are
+    ``(N - context - 1) // stride + 1`` windows in ``N`` tokens. ``stride=1`` (every
+    start) is for training with a shuffling :class:`DataLoader`, ``stride=context``
+    (windows side by side, each token predicted once) for evaluation.
+
+    ``tokens`` is a 1-D sequence of integer ids (a NumPy array is used as it is, a
+    tensor is copied to the host) with at least ``context + 1`` tokens. Raises
+    ``TypeError`` for ids that are not integers or a ``context`` or ``stride`` that
+    is not a whole number, ``ValueError`` for a stream that is not 1-D or too short,
+    or a ``context`` or ``stride`` below 1.
+    """
+
+    def __init__(self, tokens: Any, context: int, stride: int = 1) -> None:
+        tokens = _host_array(tokens)
+        if tokens.ndim != 1:
+            raise ValueError(f"TokenWindows needs a 1-D stream of token ids, got an array of shape {tokens.shape}")
+        if tokens.dtype.kind not in "iu":
+            raise TypeError(f"TokenWindows needs integer token ids, got dtype {tokens.dtype}")
+        self.context = check_int("context", context, minimum=1)
+        self.stride = check_int("stride", stride, minimum=1)
+        if len(tokens) < self.context + 1:
+            raise ValueError(f"TokenWindows: a window of context={self.context} needs {self.context + 1} tokens (its "
+                             f"inputs and the token after them), the stream has {len(tokens)}")
+        self.tokens = tokens
+
+    def __len__(self) -> int:
+        """The number of windows: their starts are 0, stride, 2 * stride, ... up to N - context - 1."""
+        ### BEGIN SOLUTION
+        return (len(self.tokens) - self.context - 1) // self.stride + 1
+        ### END SOLUTION
+
+    def __getitem__(self, index: int) -> tuple:
+        """Window ``index`` (negative counts from the end): ``(inputs, targets)``, two arrays of ``context`` ids."""
+        count = len(self)
+        index = check_int("index", index)
+        if not -count <= index < count:
+            raise IndexError(f"window {index} is out of range for {count} windows")
+        inputs, targets = self.__getitems__(np.array([index % count]))
+        return inputs[0], targets[0]
+
+    def __getitems__(self, indices: np.ndarray) -> tuple:
+        """The windows ``indices`` (an integer array of window numbers in ``[0, len(self))``) as one batch.
+
+        Returns ``(inputs, targets)``: two new ``(len(indices), context)`` arrays of
+        the tokens' dtype, each gathered with one fancy index (no Python loop);
+        ``targets`` are the inputs' positions plus one.
+        """
+        ### BEGIN SOLUTION
+        positions = np.asarray(indices)[:, None] * self.stride + np.arange(self.context)
+        return self.tokens[positions], self.tokens[positions + 1]
+        ### END SOLUTION
+
+    def __repr__(self) -> str:
+        return (f"{type(self).__name__}({len(self)} windows of context={self.context}, stride={self.stride}, "
+                f"from {len(self.tokens)} tokens)")
+
+
+# %% check=2
+stream = np.arange(10, 17)  # N = 7 tokens
+windows = TokenWindows(stream, context=3)
+assert len(windows) == 4 and len(TokenWindows(stream, 3, stride=3)) == 2 and len(TokenWindows(stream, 6)) == 1
+x, y = windows[3]
+assert x.tolist() == [13, 14, 15] and y.tolist() == [14, 15, 16], (x, y)
+xs, ys = windows.__getitems__(np.array([2, 0]))
+assert xs.tolist() == [[12, 13, 14], [10, 11, 12]] and ys.tolist() == [[13, 14, 15], [11, 12, 13]]
+assert TokenWindows(stream, 3, stride=3)[1][0].tolist() == [13, 14, 15]
+batches = list(DataLoader(windows, batch_size=2, shuffle=True, seed=0))
+assert [xb.shape for xb, _ in batches] == [(2, 3), (2, 3)] and batches[0][0].dtype == np.int64
+starts = sorted(int(s) for xb, _ in batches for s in xb.numpy()[:, 0])
+assert starts == [10, 11, 12, 13], "a shuffled epoch serves every window once"
+print("TokenWindows OK")
+
+# %% [markdown]
+# Cut a real stream: the characters of a sentence as their byte values (Module
+# 14 builds proper tokenizers). A training loader draws random windows, a
+# validation loader reads the windows side by side:
+
+# %%
+text = "To be, or not to be, that is the question: whether 'tis nobler in the mind to suffer"
+ids = np.frombuffer(text.encode(), dtype=np.uint8).astype(np.int64)
+train_windows, val_windows = TokenWindows(ids, context=16), TokenWindows(ids, context=16, stride=16)
+print(train_windows, val_windows, sep="\n")
+xb, yb = next(iter(DataLoader(train_windows, batch_size=2, shuffle=True, seed=0)))
+for inputs, targets in zip(xb.numpy(), yb.numpy()):
+    print(repr(bytes(inputs.tolist()).decode()), "->", repr(bytes(targets.tolist()).decode()))
+
+# %% [markdown]
+# ## 7. Systems: how fast is the loader?
 #
 # Every step waits for its batch, so the loader must be much faster than the
 # model. Compare the two ways of building a batch: the fast path — one fancy
@@ -843,6 +982,10 @@ for name, shape in (("MNIST train", (60_000, 1, 28, 28)), ("CIFAR-10 train", (50
 # * Resume: PyTorch's `DataLoader` has no `state_dict`; `torchdata`'s
 #   `StatefulDataLoader` adds `state_dict()` / `load_state_dict()` for exactly
 #   the mid-epoch resume of section 5.
+# * Token windows: PyTorch has no `TokenWindows`; nanoGPT's `get_batch` draws
+#   `torch.randint(len(data) - block_size, (batch_size,))` starts (with
+#   replacement, from the global generator) and stacks `data[i:i+block_size]`
+#   and `data[i+1:i+1+block_size]` — the same windows as ours.
 #
 # ## Summary
 #
@@ -854,6 +997,9 @@ for name, shape in (("MNIST train", (60_000, 1, 28, 28)), ("CIFAR-10 train", (50
 #   samples, and runs are reproducible from one seed.
 # * Exact resume needs the epoch, the position within it and the generator state
 #   at the epoch's start — a few plain numbers.
+# * A language model trains on windows of a token stream with targets shifted
+#   by one: $\lfloor (N - T - 1)/r \rfloor + 1$ windows at stride $r$; stride 1
+#   shuffled for training, stride `T` in order for evaluation.
 # * Gather a batch in one vectorised operation — from a few times to tens of
 #   times faster than a per-sample Python loop, more so the smaller the samples —
 #   and keep pixels as uint8 until the batch is built: a quarter of the memory.

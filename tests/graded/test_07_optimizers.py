@@ -159,6 +159,45 @@ def test_adamw_decoupled_weight_decay(student):
                  "(plain Adam)", atol=1e-6)
 
 
+# -- parameter groups ------------------------------------------------------------------------
+
+def run_groups(optimizer_class, own, **settings):
+    """Step two parameters, START in a group with the constructor's settings and -START / 2 in one with ``own``;
+    the values of each after the last step."""
+    first, second = tt.tensor(START, requires_grad=True), tt.tensor(-START / 2, requires_grad=True)
+    optimizer = optimizer_class([{"params": [first]}, {"params": [second], **own}], **settings)
+    for g in GRADS:
+        first.grad, second.grad = tt.tensor(g), tt.tensor(g[::-1].copy())
+        optimizer.step()
+    return first.numpy(), second.numpy()
+
+
+@check(points=2, hint="read every hyperparameter from the group that step() hands to update (group['lr'], "
+                      "group['momentum'], group['nesterov'], group['betas'], group['eps'], group['weight_decay']), "
+                      "never from self: each parameter group has its own values")
+def test_each_parameter_group_steps_with_its_own_hyperparameters(student):
+    cases = (
+        (student.SGD, {"lr": 0.1, "momentum": 0.9}, {"lr": 0.05, "momentum": 0.5, "nesterov": True,
+                                                     "weight_decay": 0.1}, numpy_sgd),
+        (student.SGD, {"lr": 0.05, "momentum": 0.8, "nesterov": True, "weight_decay": 0.01},
+         {"momentum": 0.0, "nesterov": False, "weight_decay": 0.0}, numpy_sgd),
+        (student.Adam, {"lr": 0.01}, {"lr": 0.05, "betas": (0.8, 0.9), "eps": 1e-3, "weight_decay": 0.1}, numpy_adam),
+        (student.Adam, {"lr": 0.05, "betas": (0.5, 0.8), "eps": 1e-2}, {"lr": 0.01, "betas": (0.9, 0.999),
+                                                                        "eps": 1e-8}, numpy_adam),
+        (student.AdamW, {"lr": 0.01, "weight_decay": 0.5}, {"lr": 0.1, "weight_decay": 0.0},
+         lambda **s: numpy_adam(decoupled=True, **s)),
+        (student.AdamW, {"lr": 0.1, "weight_decay": 0.0, "betas": (0.8, 0.99)}, {"lr": 0.02, "weight_decay": 0.3},
+         lambda **s: numpy_adam(decoupled=True, **s)),
+    )
+    for optimizer_class, settings, own, rule in cases:
+        first, second = run_groups(optimizer_class, own, **settings)
+        name = f"{optimizer_class.__name__}([{{'params': [a]}}, {{'params': [b], **{own}}}], **{settings})"
+        expect_close(first, rule(**settings)[-1], f"{name}: a, in the group with the constructor's settings, after "
+                     f"{len(GRADS)} steps", atol=1e-5)
+        expect_close(second, rule(**{**settings, **own}, grads=GRADS[:, ::-1], start=-START / 2)[-1],
+                     f"{name}: b, in the group with its own settings, after {len(GRADS)} steps", atol=1e-5)
+
+
 # -- state and devices -----------------------------------------------------------------------
 
 @check(points=1, hint="update() keeps exactly the state init_state() made (SGD: momentum_buffer, or nothing; Adam: "

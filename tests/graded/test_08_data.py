@@ -1,7 +1,7 @@
 """Graded checks for Module 08 (data), run against the student's own code.
 
-``TensorDataset``, ``batch_indices``, ``collate`` and ``DataLoader`` come from
-the ``student`` fixture; tensors come from the package. Shuffling is checked by
+``TensorDataset``, ``batch_indices``, ``collate``, ``DataLoader`` and
+``TokenWindows`` come from the ``student`` fixture; tensors come from the package. Shuffling is checked by
 its properties (a permutation per epoch, new each epoch, reproducible from the
 seed, resumable), not against one particular random sequence.
 """
@@ -235,3 +235,57 @@ def test_loader_resumes_mid_epoch(student):
     resumed.load_state_dict(state)
     expect_equal(labels(resumed), expected[1][3:], "after load_state_dict: the rest of the interrupted epoch")
     expect_equal(labels(resumed), expected[2], "after load_state_dict: the next epoch, as in the uninterrupted run")
+
+
+# -- TokenWindows ---------------------------------------------------------------------------
+
+STREAM = np.array([7, 3, 9, 1, 4, 4, 8, 0, 2, 6, 5], dtype=np.int64)  # N = 11 token ids
+
+
+def reference_windows(tokens, context, stride):
+    """Every window by the lesson's formula, one by one: (inputs, targets) lists."""
+    starts = range(0, len(tokens) - context, stride)
+    return [(tokens[s:s + context].tolist(), tokens[s + 1:s + context + 1].tolist()) for s in starts]
+
+
+@check(points=1, hint="len(TokenWindows) = (N - context - 1) // stride + 1: a window may start at most at "
+                      "N - context - 1, since its last target is the token after it")
+def test_token_windows_count(student):
+    for context, stride in ((3, 1), (3, 3), (4, 2), (10, 1), (5, 5), (2, 7), (1, 1)):
+        expect_equal(len(student.TokenWindows(STREAM, context, stride)),
+                     len(reference_windows(STREAM, context, stride)),
+                     f"len(TokenWindows(<{len(STREAM)} tokens>, context={context}, stride={stride}))")
+
+
+@check(points=2, hint="__getitems__: positions = indices[:, None] * stride + np.arange(context); inputs are "
+                      "tokens[positions], targets tokens[positions + 1] (the inputs shifted by one token)")
+def test_token_windows_batches(student):
+    for context, stride in ((3, 1), (4, 2), (3, 3)):
+        windows = student.TokenWindows(STREAM, context, stride)
+        expected = reference_windows(STREAM, context, stride)
+        order = np.arange(len(expected))[::-1].copy()
+        inputs, targets = windows.__getitems__(order)
+        what = f"TokenWindows(<stream {STREAM.tolist()}>, context={context}, stride={stride}).__getitems__({order})"
+        expect_equal(np.asarray(inputs), np.array([expected[i][0] for i in order]), f"{what}: the inputs")
+        expect_equal(np.asarray(targets), np.array([expected[i][1] for i in order]), f"{what}: the targets")
+        expect_equal(windows[len(expected) - 1][1].tolist(), expected[-1][1],
+                     f"the targets of the last window of context={context}, stride={stride}")
+    small = student.TokenWindows(STREAM.astype(np.uint16), 3)
+    inputs, _ = small.__getitems__(np.array([1]))
+    expect_equal(np.asarray(inputs).dtype, np.dtype(np.uint16), "__getitems__ of uint16 tokens: the inputs' dtype "
+                 "(the tokens' own; the DataLoader makes int64 tensors of them)")
+
+
+@check(points=1, hint="TokenWindows is a dataset: a shuffling DataLoader serves every window once per epoch, as "
+                      "int64 tensor pairs of shape (batch, context), and resumes mid-epoch from its state_dict")
+def test_token_windows_through_a_loader(student):
+    windows = student.TokenWindows(STREAM, 4)
+    loader = tt.data.DataLoader(windows, batch_size=3, shuffle=True, seed=5)
+    batches = [(xb.numpy().tolist(), yb.numpy().tolist()) for xb, yb in loader]
+    expect_equal([len(xb) for xb, _ in batches], [3, 3, 1], "the batch sizes of an epoch of 7 windows, batch_size=3")
+    served = sorted((tuple(x), tuple(y)) for xb, yb in batches for x, y in zip(xb, yb))
+    expect_equal(served, sorted((tuple(x), tuple(y)) for x, y in reference_windows(STREAM, 4, 1)),
+                 "the windows of a shuffled epoch (each once)")
+    xb, yb = next(iter(tt.data.DataLoader(windows, batch_size=2)))
+    expect_equal((xb.dtype, yb.dtype, xb.shape), (np.dtype(np.int64), np.dtype(np.int64), (2, 4)),
+                 "the first batch of DataLoader(TokenWindows(..., 4), batch_size=2): dtypes and shape")

@@ -289,6 +289,31 @@ def test_schedule_applied_at_the_start_of_each_epoch(student):
     expect_equal((trainer.epoch, trainer.step), (4, 8), "(epoch, step) after fit(epochs=4)")
 
 
+@check(points=2, hint="fit(max_steps=...) (given) runs on your methods: _clip_and_step counts every step taken in "
+                      "self.step (a per-step schedule gives step t the rate get_lr(t), and max_steps and eval_every "
+                      "count self.step); _accumulate returns the window's summed per-sample loss; CosineSchedule's "
+                      "warmup and cosine hold for any whole number, steps as well as epochs",
+       after=("test_cosine_schedule_warmup", "test_epoch_loss_is_a_per_sample_mean"))
+def test_training_by_steps_with_a_schedule_over_steps(student):
+    model = toy_model()
+    schedule = student.CosineSchedule(max_lr=0.4, min_lr=0.1, total_epochs=6, warmup_epochs=2)
+    optimizer, loss_fn = RecordingSGD(model.parameters(), lr=1.0), RecordedLoss()
+    trainer = student.Trainer(model, optimizer, loss_fn, scheduler=schedule, scheduler_interval="step")
+    val = DataLoader(TensorDataset(X[100:160], Y[100:160]), batch_size=40)
+    history = trainer.fit(DataLoader(TOY, batch_size=25, shuffle=True, seed=0), val, max_steps=7, eval_every=3,
+                          progress=False)
+    cosine = [0.1 + 0.3 * (1 + math.cos(math.pi * (t - 2) / 4)) / 2 for t in range(2, 7)]
+    expect_close(optimizer.seen, [0.4 / 3, 0.8 / 3] + cosine, "the rate of each of 7 steps of "
+                 "CosineSchedule(0.4, 0.1, total_epochs=6, warmup_epochs=2) with scheduler_interval='step'")
+    expect_equal(history["step"], [3, 6, 7], "history['step'] of fit(max_steps=7, eval_every=3)")
+    seen = loss_fn.batches  # per row: its training batches of 25, then the evaluation's of 40 and 20
+    batches = [seen[0:3], seen[5:8], seen[10:11]]
+    expect_close(history["train_loss"], [sum(m * n for m, n in b) / sum(n for _, n in b) for b in batches],
+                 "history['train_loss']: the mean loss per sample of each row's steps", rtol=1e-5)
+    expect_close(history["eval_loss"][-1], trainer.evaluate(val)[0], "the last row's eval_loss (an evaluation of "
+                 "the final model)", rtol=1e-6)
+
+
 @check(points=2, hint="evaluate: run every batch under no_grad in eval mode (model.eval() reaches nested Dropout), "
                       "return (summed per-sample loss / samples, correct / samples), and leave every module in the "
                       "mode it had")

@@ -1,4 +1,5 @@
-"""Image datasets: the shipped 8x8 ``Digits``, and ``MNIST``, ``FashionMNIST``, ``CIFAR10``.
+"""Datasets: the shipped 8x8 ``Digits`` and Tiny Shakespeare text (``shakespeare()``), and ``MNIST``,
+``FashionMNIST``, ``CIFAR10``.
 
 Hand-written, not generated: downloading and file formats are not part of the
 course. Every dataset here is a :class:`tinytrain.data.TensorDataset` of
@@ -15,6 +16,9 @@ Where the files come from:
 * ``Digits`` ships inside the package (``tinytrain/datasets/files/digits.npz``, 45 kB,
   provenance and licence in ``tinytrain/datasets/files/README.md``); its SHA-256 is
   checked on every load. No network, no Git LFS.
+* ``shakespeare()`` returns the Tiny Shakespeare text (1.1 million characters), which
+  ships inside the package gzip-compressed (434 kB; same README); the text's SHA-256
+  is checked on every call.
 * ``MNIST``, ``FashionMNIST`` and ``CIFAR10`` are downloaded once from their
   published locations, falling back to mirrors, into the cache directory
   ``$TINYTRAIN_DATA`` (default ``$XDG_CACHE_HOME/tinytrain`` or
@@ -39,6 +43,7 @@ Checksums (all published by others, none computed here):
 from tinytrain.datasets.download import ChecksumError, DownloadError, data_dir, download_file, file_digest
 from tinytrain.datasets.formats import parse_cifar_batch, parse_idx, read_idx
 from tinytrain.datasets.images import CIFAR10, MNIST, Digits, FashionMNIST, ImageDataset, digits_split
+from tinytrain.datasets.text import shakespeare
 
 __all__ = [
     "CIFAR10",
@@ -55,4 +60,5 @@ __all__ = [
     "parse_cifar_batch",
     "parse_idx",
     "read_idx",
+    "shakespeare",
 ]

@@ -2,25 +2,26 @@
 
 
 class SGD:
-    def update(self, param, grad, state, xp):
-        if self.weight_decay:
-            grad = grad + self.weight_decay * param  # a new array: the caller's grad stays as it was
-        if self.momentum:
+    def update(self, param, grad, state, group, xp):
+        lr, mu, wd = group["lr"], group["momentum"], group["weight_decay"]
+        if wd:
+            grad = grad + wd * param  # a new array: the caller's grad stays as it was
+        if mu:
             buf = state["momentum_buffer"]
-            buf *= self.momentum
+            buf *= mu
             buf += grad
-            if self.nesterov:
-                direction = grad + self.momentum * buf
+            if group["nesterov"]:
+                direction = grad + mu * buf
             else:
                 direction = buf
         else:
             direction = grad
-        param -= self.lr * direction
+        param -= lr * direction
 
 
 class Adam:
-    def adam_update(self, param, grad, state, xp):
-        beta1, beta2 = self.betas
+    def adam_update(self, param, grad, state, group, xp):
+        beta1, beta2 = group["betas"]
         state["step"] += 1
         t = state["step"]
         m, v = state["exp_avg"], state["exp_avg_sq"]
@@ -37,14 +38,14 @@ class Adam:
         # denominator sqrt(v / (1 - b2^t)) + eps = sqrt(v) / sqrt(1 - b2^t) + eps
         xp.sqrt(v, out=scratch)
         scratch /= math.sqrt(1 - beta2**t)
-        scratch += self.eps
+        scratch += group["eps"]
         # param -= lr / (1 - b1^t) * m / denominator
         xp.divide(m, scratch, out=scratch)
-        scratch *= self.lr / (1 - beta1**t)
+        scratch *= group["lr"] / (1 - beta1**t)
         param -= scratch
 
 
 class AdamW:
-    def update(self, param, grad, state, xp):
-        param *= 1 - self.lr * self.weight_decay
-        self.adam_update(param, grad, state, xp)
+    def update(self, param, grad, state, group, xp):
+        param *= 1 - group["lr"] * group["weight_decay"]
+        self.adam_update(param, grad, state, group, xp)

@@ -54,3 +54,14 @@ class DataLoader:
         if isinstance(batch, (tuple, list)):
             return tuple(self._tensor(array) for array in batch)
         return self._tensor(batch)
+
+
+class TokenWindows:
+    def __len__(self):
+        last_start = len(self.tokens) - self.context - 1  # the last target is the token after the window
+        return last_start // self.stride + 1
+
+    def __getitems__(self, indices):
+        starts = np.asarray(indices) * self.stride
+        positions = starts.reshape(-1, 1) + np.arange(self.context).reshape(1, -1)
+        return self.tokens[positions], self.tokens[positions + 1]
