@@ -116,6 +116,7 @@ def labels(n: int, classes: int) -> np.ndarray:
 # -- operations: forward and backward of every differentiable op ----------------------------------
 LABELS, PROBABILITIES = labels(6, 4), RNG.dirichlet(np.ones(4), 6)
 TOKENS = np.array([[1, 4, 1], [0, 1, 1]])  # repeated ids: the embedding's backward adds them up
+TINY_GPT = nn.GPTConfig(vocab_size=6, block_size=4, n_layer=1, n_head=2, n_embd=6)
 ATTENTION_MASK = np.array([[True, False, True], [False, False, False], [True, True, True]])  # row 1: nothing allowed
 REGRESSION, BINARY = normal(6, 2), RNG.random(6)
 # name -> (input arrays (all get requires_grad), fn(device, *tensors) -> Tensor)
@@ -297,6 +298,10 @@ MODULES = {
     "LearnedPositionalEncoding": (lambda: nn.LearnedPositionalEncoding(5, 3), [normal(2, 4, 3)], []),
     "SinusoidalPositionalEncoding": (lambda: nn.SinusoidalPositionalEncoding(5, 4), [normal(2, 4, 4)], []),
     "CausalSelfAttention": (lambda: nn.CausalSelfAttention(6, 2), [normal(2, 4, 6)], []),
+    "CachedSelfAttention": (lambda: nn.CachedSelfAttention(6, 2), [normal(2, 4, 6)], []),
+    "MLP": (lambda: nn.MLP(TINY_GPT), [normal(2, 4, 6)], []),
+    "Block": (lambda: nn.Block(TINY_GPT), [normal(2, 4, 6)], []),
+    "GPT": (lambda: nn.GPT(TINY_GPT), [], [TOKENS]),
 }
 MODULE_CASES = {  # every public Module class of tt.nn -> a case that runs it
     "Linear": "Linear", "ReLU": "Sequential_activations", "Sigmoid": "Sequential_activations",
@@ -308,6 +313,7 @@ MODULE_CASES = {  # every public Module class of tt.nn -> a case that runs it
     "BCEWithLogitsLoss": "BCEWithLogitsLoss", "Checkpoint": "Checkpoint", "Embedding": "Embedding",
     "LearnedPositionalEncoding": "LearnedPositionalEncoding",
     "SinusoidalPositionalEncoding": "SinusoidalPositionalEncoding", "CausalSelfAttention": "CausalSelfAttention",
+    "CachedSelfAttention": "CachedSelfAttention", "MLP": "MLP", "Block": "Block", "GPT": "GPT",
 }
 
 

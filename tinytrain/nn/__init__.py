@@ -1,7 +1,7 @@
 """Neural-network building blocks: modules, layers, activations, losses.
 
 Hand-written: it gathers the names that the generated files of Modules 03-06,
-11, 13 and 14 define, so users write ``tt.nn.Linear`` and ``tt.nn.functional.relu``.
+11 and 13-15 define, so users write ``tt.nn.Linear`` and ``tt.nn.functional.relu``.
 """
 from tinytrain.nn import functional
 from tinytrain.nn.module import Module, Parameter
@@ -13,3 +13,5 @@ from tinytrain.nn.conv import AvgPool2d, BatchNorm2d, Conv2d, MaxPool2d
 from tinytrain.nn.checkpointing import Checkpoint, checkpoint
 from tinytrain.nn.embedding import Embedding, LearnedPositionalEncoding, SinusoidalPositionalEncoding
 from tinytrain.nn.attention import CausalSelfAttention
+from tinytrain.nn.transformer import (GPT, Block, CachedSelfAttention, GPTConfig, KVCache, LayerCache, MLP, flops_per_token,
+                                       gpt_num_parameters, next_token_probs, sample)
