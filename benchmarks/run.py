@@ -3,7 +3,8 @@
     python benchmarks/run.py [--json PATH] [--quick]
 
 Figures: the MLP training step (``mlp_step.py``), the two CNN training steps
-(``cnn_step.py``), autograd overhead (``autograd_overhead.py``), DataLoader
+(``cnn_step.py``), the GPT training iteration and a generated token with and
+without the KV cache (``gpt_step.py``), autograd overhead (``autograd_overhead.py``), DataLoader
 throughput and checkpoint save/load (``data_io.py``), and the peak memory
 (tracemalloc) of the MLP and CNN steps against the sum of parameters,
 gradients, optimizer state and activations, computed here.
@@ -37,6 +38,7 @@ from _timing import lockstep_medians, spread_note, torch_or_none  # noqa: E402  
 import numpy as np  # noqa: E402
 
 import data_io  # noqa: E402
+import gpt_step  # noqa: E402
 import mlp_step  # noqa: E402
 
 try:  # the convolution benchmark comes with Module 11: measure(shape, quick, with_torch), peak_memory(shape)
@@ -53,6 +55,8 @@ TARGETS = {  # issue 8: tinytrain / reference, at most
     "cnn_cifar_vs_torch": 2.5,
     "autograd_vs_torch": 1.0,
     "mlp_memory_vs_theory": 1.5,
+    "gpt_vs_torch": 1.25,  # issue 19
+    "gpt_cache_speedup": 3.0,  # at least: a token without the KV cache over one with it
 }
 
 
@@ -127,6 +131,9 @@ def collect(quick: bool) -> dict[str, Any]:
     else:
         report["cnn"] = None
 
+    print("GPT iteration and token ...", flush=True)
+    report["gpt"] = {"train": gpt_step.measure(quick, with_torch), "token": gpt_step.measure_token(quick, with_torch)}
+
     print("autograd overhead ...", flush=True)
     report["autograd"] = autograd_overhead(quick, with_torch)
     print("DataLoader ...", flush=True)
@@ -169,6 +176,20 @@ def rows(report: dict[str, Any]) -> list[dict[str, Any]]:
             n, c, size, _, _ = cnn_step.SHAPES[shape]
             add(f"CNN step {shape.upper()}-shaped, batch {n} of {c}x{size}x{size}", "ms",
                 seconds(report["cnn"][shape]["steps"]), 1e3, {"torch": limit})
+    gpt_train, gpt_token = report["gpt"]["train"], report["gpt"]["token"]
+    add(f"GPT iteration, {gpt_step.LAYERS} layers x {gpt_step.EMBED}, batch {gpt_step.BATCH} x {gpt_step.CONTEXT}, "
+        "AdamW + clipping", "ms", seconds(gpt_train), 1e3, {"torch": TARGETS["gpt_vs_torch"]})
+    context = gpt_step.GENERATION_CONTEXT
+    add(f"GPT token at a {context}-token context, KV cache", "ms",
+        {"tinytrain": gpt_token["cached"]["seconds"], "numpy": None, "torch": None}, 1e3)
+    add(f"GPT token at a {context}-token context, no cache", "ms",
+        {"tinytrain": gpt_token["uncached"]["seconds"], "numpy": None,
+         "torch": gpt_token["torch"]["seconds"] if "torch" in gpt_token else None}, 1e3)
+    speedup = gpt_token["uncached"]["seconds"] / gpt_token["cached"]["seconds"]
+    table.append({"figure": "GPT token: no cache / KV cache", "unit": "x", "tinytrain": speedup, "numpy": None,
+                  "torch": None, "vs_numpy": None, "vs_torch": None,
+                  "targets": {"speedup": {"limit": TARGETS["gpt_cache_speedup"], "at_least": True,
+                                          "met": speedup >= TARGETS["gpt_cache_speedup"]}}})
     add("Autograd overhead, 200 chained ops on 64 floats", "ms", seconds(report["autograd"]), 1e3,
         {"torch": TARGETS["autograd_vs_torch"]})
     loader = report["dataloader"]
@@ -210,10 +231,10 @@ def _cell(value: float | None, digits: int = 3) -> str:
 
 def _target_text(row: dict[str, Any]) -> str:
     parts = []
-    names = {"numpy": "NumPy", "torch": "PyTorch", "theory": "theory"}
+    names = {"numpy": "NumPy", "torch": "PyTorch", "theory": "theory", "speedup": "speedup"}
     for against, found in row["targets"].items():
         verdict = "—" if found["met"] is None else "met" if found["met"] else "**missed**"
-        parts.append(f"≤ {found['limit']}x {names[against]}: {verdict}")
+        parts.append(f"{'≥' if found.get('at_least') else '≤'} {found['limit']}x {names[against]}: {verdict}")
     return "; ".join(parts)
 
 
@@ -239,7 +260,8 @@ def markdown(report: dict[str, Any]) -> str:
         )
     lines += ["", "Ratios compare times (memory for the memory rows): below 1x tinytrain is faster or smaller. "
               "Checkpoints: NumPy is `np.savez`/`np.load`, PyTorch `torch.save`/`torch.load`, on a RAM disk.", ""]
-    timed = {"MLP step": report["mlp_step"], "autograd overhead": report["autograd"]}
+    timed = {"MLP step": report["mlp_step"], "GPT iteration": report["gpt"]["train"],
+             "GPT token": report["gpt"]["token"], "autograd overhead": report["autograd"]}
     timed.update({f"CNN step {shape}": figures["steps"] for shape, figures in (report["cnn"] or {}).items()})
     lines += [f"{figure}: {spread_note(results)}." for figure, results in timed.items()]
     return "\n".join(lines)

@@ -225,6 +225,23 @@ def test_csv_logger_on_resume_keeps_the_rows_up_to_the_checkpoint(tmp_path: Path
     assert len(read_rows(log)) == 1, "a fresh run starts a fresh file"
 
 
+def test_step_runs_name_checkpoints_by_step_and_log_once_per_evaluation(tmp_path: Path) -> None:
+    # 64 samples in batches of 16: 4 steps per epoch, an evaluation every 3 steps, mostly mid-epoch
+    def run(trainer: tt.Trainer, max_steps: int) -> None:
+        trainer.fit(*loaders(), max_steps=max_steps, eval_every=3, progress=False,
+                    callbacks=[CSVLogger(tmp_path / "log.csv"), ModelCheckpoint(tmp_path, keep_last=2, unit="step")])
+
+    run(make_trainer(), 6)
+    assert sorted(p.name for p in tmp_path.glob("*.pkl")) == ["step-0000003.pkl", "step-0000006.pkl"]
+    resumed = make_trainer()
+    resumed.load_checkpoint(tmp_path / "step-0000003.pkl")  # epoch 0: the run stopped mid-epoch
+    run(resumed, 9)
+    assert sorted(p.name for p in tmp_path.glob("*.pkl")) == ["step-0000006.pkl", "step-0000009.pkl"]
+    assert [r["step"] for r in read_rows(tmp_path / "log.csv")] == ["3", "6", "9"]
+    with pytest.raises(ValueError, match="unit must be 'epoch' or 'step', got 'batch'"):
+        ModelCheckpoint(tmp_path, unit="batch")
+
+
 def test_early_stopping_waits_patience_epochs(tmp_path: Path) -> None:
     trainer = make_trainer()
     stopper = EarlyStopping(monitor="eval_loss", patience=2, min_delta=0.1)

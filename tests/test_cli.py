@@ -87,7 +87,7 @@ def test_grade_reports_a_syntax_error_with_cell_and_line(tmp_path: Path, capsys)
         (["grade", "03", "--notebook", str(ROOT / "notebooks/04_layers.ipynb")], "is the notebook of module 04_layers, not 03"),
         (["grade", "03", "--notebook", str(ROOT / "pyproject.toml")], "is not a Jupyter notebook"),
         (["milestone", "cnn"], "no milestone 'cnn' yet (the CNN milestone arrives with Module 11"),
-        (["milestone", "gpt"], "no milestone 'gpt'"),
+        (["milestone", "rnn"], "no milestone 'rnn'"),
     ],
 )
 def test_clear_errors(argv: list[str], message: str, capsys) -> None:

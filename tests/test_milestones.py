@@ -36,7 +36,7 @@ def test_mlp_milestone_on_digits_passes_and_writes_its_outputs(tmp_path: Path) -
     for name in ("settings.toml", "log.csv", "history.png", "checkpoints/best.pkl", "checkpoints/epoch-0030.pkl"):
         assert (out / name).is_file(), name
     rows = (out / "log.csv").read_text().splitlines()
-    assert rows[0].startswith("epoch,lr,train_loss") and len(rows) == 31
+    assert rows[0].startswith("epoch,step,lr,train_loss") and len(rows) == 31
 
 
 def test_killed_run_resumed_ends_with_identical_weights_and_accuracy(tmp_path: Path) -> None:

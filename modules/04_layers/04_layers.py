@@ -635,9 +635,13 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
             f"linear: expected input of shape (..., {weight.shape[1]}) for a weight of shape "
             f"{weight.shape}, got input of shape {x.shape}"
         )
-    if bias is None:
-        return LinearFunction.apply(x, x._operand(weight))
-    return LinearFunction.apply(x, x._operand(weight), x._operand(bias))
+    operands = [x._operand(weight)] + ([] if bias is None else [x._operand(bias)])
+    if x.ndim <= 2:
+        return LinearFunction.apply(x, *operands)
+    # NumPy multiplies a stack (..., N, in) by a matrix one slice at a time; as one (rows, in) matrix
+    # the product and the input's gradient run up to 1.4x faster (a GPT's batch of sequences)
+    rows = LinearFunction.apply(x.reshape(-1, x.shape[-1]), *operands)
+    return rows.reshape(*x.shape[:-1], rows.shape[-1])
 
 
 def _uniform_parameter(shape: tuple[int, ...], bound: float) -> Parameter:

@@ -797,7 +797,7 @@ print(f"weights-only resume: largest difference from the uninterrupted run {gap:
 #   was missing. With
 #   `upload_to` it copies each file to any [fsspec](https://filesystem-spec.readthedocs.io)
 #   URL (`s3://bucket/run`, `gs://...`, `ssh://...`) — so losing the machine loses no work.
-# * `CSVLogger(path)` writes one row per epoch; on resume it keeps the rows of the
+# * `CSVLogger(path)` writes one row per epoch (per evaluation in a step run); on resume it keeps the rows of the
 #   epochs the checkpoint has and drops any written after it.
 # * `EarlyStopping(monitor, patience)` stops when the metric has not improved for
 #   `patience` epochs, and can restore the best weights.
@@ -883,7 +883,9 @@ class ModelCheckpoint(Callback):
     """Save the trainer's checkpoint after every epoch as ``directory/epoch-0007.pkl``.
 
     Keeps the ``keep_last`` newest epoch files plus every one whose epoch is a
-    multiple of ``every``; deletes the rest. With ``monitor`` (a log entry such as
+    multiple of ``every``; deletes the rest. With ``unit="step"`` (for
+    ``fit(max_steps=...)``, whose rows end at steps, not epochs) files are named and
+    counted by ``trainer.step`` instead: ``directory/step-0002000.pkl``. With ``monitor`` (a log entry such as
     ``"eval_loss"``; ``mode`` "min", "max" or "auto") it also keeps ``best.pkl``, a
     copy of the checkpoint with the best value. With ``upload_to``, an fsspec URL
     (``s3://bucket/run``, ``memory://run``; needs ``pip install tinytrain[fsspec]``),
@@ -891,16 +893,19 @@ class ModelCheckpoint(Callback):
     An upload that fails is reported with a warning; training goes on.
     """
 
-    _EPOCH_FILE = re.compile(r"^epoch-(\d+)\.pkl$")
+    _DIGITS = {"epoch": 4, "step": 7}  # zero-padded, so the file names sort in order
 
     def __init__(self, directory: Any, keep_last: int = 1, every: int | None = None, monitor: str | None = None,
-                 mode: str = "auto", upload_to: str | None = None) -> None:
+                 mode: str = "auto", upload_to: str | None = None, unit: str = "epoch") -> None:
+        if unit not in self._DIGITS:
+            raise ValueError(f"unit must be 'epoch' or 'step', got {unit!r}")
         if isinstance(keep_last, bool) or not isinstance(keep_last, int) or keep_last < 1:
             raise ValueError(f"keep_last must be a whole number >= 1, got {keep_last!r}")
         if every is not None and (isinstance(every, bool) or not isinstance(every, int) or every < 1):
             raise ValueError(f"every must be None or a whole number >= 1, got {every!r}")
         self.directory = Path(directory)
-        self.keep_last, self.every = keep_last, every
+        self.keep_last, self.every, self.unit = keep_last, every, unit
+        self._file = re.compile(rf"^{unit}-(\d+)\.pkl$")
         self.monitor = monitor
         self.mode = None if monitor is None else _resolve_mode(monitor, mode)
         self.best: float | None = None
@@ -920,20 +925,20 @@ class ModelCheckpoint(Callback):
         if self._remote is not None:
             filesystem, root = self._remote
             filesystem.makedirs(root, exist_ok=True)
-        self._prune(trainer.epoch)  # what a run killed after its last save had no time to delete
+        self._prune(getattr(trainer, self.unit))  # what a run killed after its last save had no time to delete
 
     def on_epoch_end(self, trainer: Any, logs: dict[str, Any]) -> None:
         self._improved = False
         if self.monitor is not None:
             value = _monitored(logs, self.monitor)
             if _improves(value, self.best, self.mode):
-                self.best, self.best_epoch, self._improved = value, trainer.epoch, True
+                self.best, self.best_epoch, self._improved = value, getattr(trainer, self.unit), True
 
     def on_checkpoint(self, trainer: Any, logs: dict[str, Any]) -> None:
         # best.pkl first, then the epoch file (a copy of it), then the pruning: a run killed before the
         # epoch file is complete resumes from the previous one and redoes all three; one killed before
         # the pruning prunes when it resumes (on_fit_begin)
-        path = self.directory / f"epoch-{trainer.epoch:04d}.pkl"
+        path = self.directory / self._name(getattr(trainer, self.unit))
         if self._improved:
             best = self.directory / "best.pkl"
             trainer.save_checkpoint(best)
@@ -943,13 +948,16 @@ class ModelCheckpoint(Callback):
         else:
             trainer.save_checkpoint(path)
         self._upload(path)
-        self._prune(trainer.epoch)
+        self._prune(getattr(trainer, self.unit))
+
+    def _name(self, count: int) -> str:
+        return f"{self.unit}-{count:0{self._DIGITS[self.unit]}d}.pkl"
 
     def epoch_files(self) -> dict[int, Path]:
-        """The epoch checkpoints in ``directory``, by epoch."""
+        """The epoch checkpoints in ``directory``, by epoch (step files by step, with ``unit="step"``)."""
         found = {}
         for path in self.directory.iterdir():
-            match = self._EPOCH_FILE.match(path.name)
+            match = self._file.match(path.name)
             if match:
                 found[int(match[1])] = path
         return dict(sorted(found.items()))
@@ -966,7 +974,7 @@ class ModelCheckpoint(Callback):
         ### END SOLUTION
         for epoch in epochs:
             if epoch not in keep:
-                name = f"epoch-{epoch:04d}.pkl"
+                name = self._name(epoch)
                 (self.directory / name).unlink(missing_ok=True)
                 self._remote_call("delete", name, lambda fs, remote: fs.exists(remote) and fs.rm(remote))
 
@@ -992,23 +1000,26 @@ class ModelCheckpoint(Callback):
 
 
 class CSVLogger(Callback):
-    """Append one row per epoch to the CSV file ``path``: ``COLUMNS``, empty where unknown.
+    """Append one row per epoch (per evaluation in ``fit(max_steps=...)``) to the CSV file
+    ``path``: ``COLUMNS``, empty where unknown.
 
-    ``epoch`` is the number of epochs completed. A fresh run (``trainer.epoch == 0``)
-    starts a new file; a resumed one keeps the rows up to its epoch and drops later
-    ones, which belonged to the interrupted run after its checkpoint.
+    ``epoch`` is the number of epochs completed, ``step`` of optimizer steps. A fresh
+    run (no epoch or step done yet) starts a new file; a resumed one keeps the rows up
+    to its epoch and step and drops later ones, which belonged to the interrupted run
+    after its checkpoint.
     """
 
-    COLUMNS = ("epoch", "lr", "train_loss", "eval_loss", "eval_accuracy", "grad_norm", "seconds")
+    COLUMNS = ("epoch", "step", "lr", "train_loss", "eval_loss", "eval_accuracy", "grad_norm", "seconds")
 
     def __init__(self, path: Any) -> None:
         self.path = Path(path)
 
     def on_fit_begin(self, trainer: Any) -> None:
         rows = []
-        if trainer.epoch > 0 and self.path.exists():
+        if (trainer.epoch > 0 or trainer.step > 0) and self.path.exists():
             with open(self.path, newline="") as file:
-                rows = [row for row in csv.reader(file) if row and row[0].isdigit() and int(row[0]) <= trainer.epoch]
+                rows = [row for row in csv.reader(file) if len(row) > 1 and row[0].isdigit() and row[1].isdigit()
+                        and int(row[0]) <= trainer.epoch and int(row[1]) <= trainer.step]
         text = io.StringIO()
         csv.writer(text).writerows([self.COLUMNS, *rows])
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -1080,7 +1091,7 @@ trainer.fit(DataLoader(toy, batch_size=20, shuffle=True, seed=1), DataLoader(toy
 assert sorted(p.name for p in run_dir.glob("epoch-*")) == ["epoch-0003.pkl", "epoch-0006.pkl", "epoch-0007.pkl"]
 assert (run_dir / "best.pkl").exists() and checkpoints.best == min(trainer.history["eval_loss"])
 rows = (run_dir / "log.csv").read_text().splitlines()
-assert len(rows) == 8 and rows[0] == "epoch,lr,train_loss,eval_loss,eval_accuracy,grad_norm,seconds"
+assert len(rows) == 8 and rows[0] == "epoch,step,lr,train_loss,eval_loss,eval_accuracy,grad_norm,seconds"
 patient = EarlyStopping(monitor="train_loss", patience=2, min_delta=1e9)  # nothing counts as an improvement
 trainer.fit(DataLoader(toy, batch_size=20), epochs=20, callbacks=[patient], progress=False)
 assert trainer.epoch == 10 and patient.stopped_epoch == 10, trainer.epoch

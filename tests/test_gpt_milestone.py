@@ -1,0 +1,106 @@
+"""The GPT milestone (``milestones/gpt.py``) with tiny models: outputs, exact resume, the scale options."""
+from __future__ import annotations
+
+import csv
+import importlib.util
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tinytrain.serialization import read_checkpoint
+
+ROOT = Path(__file__).resolve().parents[1]
+GPT = ROOT / "milestones" / "gpt.py"
+# a one-layer model on 16-character windows: a step takes a few milliseconds
+TINY = ("--n-layer", "1", "--n-head", "2", "--n-embd", "16", "--context", "16", "--batch-size", "4",
+        "--warmup", "2", "--eval-every", "4", "--eval-batches", "2", "--sample-length", "20")
+
+
+def run_gpt(*options: str, launcher: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
+    """The milestone script in a new process, as a user runs it."""
+    return subprocess.run([*launcher, sys.executable, str(GPT), *TINY, *options], capture_output=True, text=True,
+                          timeout=300)
+
+
+def last_checkpoint(out: Path) -> dict:
+    return read_checkpoint(max((out / "checkpoints").glob("step-*.pkl")))
+
+
+def log_rows(out: Path) -> list[dict]:
+    with open(out / "log.csv", newline="") as file:
+        return list(csv.DictReader(file))
+
+
+def test_gpt_milestone_writes_its_outputs_and_judges_the_validation_loss(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    result = run_gpt("--steps", "10", "--out", str(out))
+    assert result.returncode == 1, result.stdout + result.stderr  # 10 steps of a tiny model: far above 1.95
+    assert "step     4  lr" in result.stdout and "val loss" in result.stdout
+    assert "validation loss" in result.stdout and "(pass mark <= 1.95): FAIL" in result.stdout
+    summary = json.loads((out / "result.json").read_text())
+    assert summary["steps_done"] == summary["steps"] == 10 and summary["passed"] is False
+    assert 2.5 < summary["val_loss"] < 4.5 and len(summary["sample"]) == 20
+    assert summary["sample"] in result.stdout
+    for name in ("settings.toml", "history.png", "checkpoints/best.pkl", "checkpoints/step-0000010.pkl"):
+        assert (out / name).is_file(), name
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["best.pkl", "step-0000010.pkl"]
+    assert [row["step"] for row in log_rows(out)] == ["4", "8", "10"]
+
+
+def test_stopped_and_resumed_run_ends_bit_identical_to_a_straight_one(tmp_path: Path) -> None:
+    straight = run_gpt("--steps", "12", "--out", str(tmp_path / "straight"))
+    assert straight.returncode == 1, straight.stderr
+    out = tmp_path / "resumed"
+    stopped = run_gpt("--steps", "12", "--out", str(out), "--stop-after", "5")  # between two evaluations
+    assert stopped.returncode == 0 and "stopped after step 5 of 12" in stopped.stdout, stopped.stderr
+    resumed = subprocess.run([sys.executable, str(GPT), "--resume", "--out", str(out)], capture_output=True,
+                             text=True, timeout=300)
+    assert "resumed from" in resumed.stdout and resumed.returncode == 1, resumed.stdout + resumed.stderr
+    a, b = last_checkpoint(tmp_path / "straight")["model"], last_checkpoint(out)["model"]
+    assert a.keys() == b.keys()
+    for name in a:
+        np.testing.assert_array_equal(a[name], b[name], err_msg=name)
+    results = [json.loads((run / "result.json").read_text()) for run in (tmp_path / "straight", out)]
+    assert results[0]["val_loss"] == results[1]["val_loss"] and results[0]["sample"] == results[1]["sample"]
+    straight_rows, resumed_rows = log_rows(tmp_path / "straight"), log_rows(out)
+    assert [row["step"] for row in resumed_rows] == ["4", "5", "8", "12"], "the stop's own row, no duplicates"
+    assert resumed_rows[0] == {**straight_rows[0], "seconds": resumed_rows[0]["seconds"]}
+
+
+@pytest.mark.parametrize("options", [("--precision", "16-mixed"), ("--checkpointing",),
+                                     ("--accumulation-steps", "2", "--batch-size", "2")])
+def test_scale_options_train(tmp_path: Path, options: tuple[str, ...]) -> None:
+    out = tmp_path / "run"
+    result = run_gpt("--steps", "4", "--out", str(out), *options)
+    assert result.returncode == 1, result.stdout + result.stderr
+    summary = json.loads((out / "result.json").read_text())
+    assert summary["steps_done"] == 4 and np.isfinite(summary["val_loss"])
+    if options == ("--checkpointing",):
+        assert "checkpointing = true" in (out / "settings.toml").read_text()  # TOML's spelling, read back on resume
+        resumed = subprocess.run([sys.executable, str(GPT), "--resume", "--out", str(out), "--steps", "6"],
+                                 capture_output=True, text=True, timeout=300)
+        assert "step     6" in resumed.stdout, resumed.stderr
+
+
+def test_bad_settings_are_named(tmp_path: Path) -> None:
+    result = run_gpt("--n-embd", "10", "--n-head", "4", "--out", str(tmp_path / "run"))
+    assert result.returncode != 0
+    assert "n_embd must be a multiple of n_head, got n_embd=10, n_head=4" in result.stderr
+
+
+def test_distributed_run_over_two_ranks(tmp_path: Path) -> None:
+    if importlib.util.find_spec("mpi4py") is None:
+        pytest.skip("mpi4py is not installed (pip install mpi4py mpich)")
+    mpirun = shutil.which("mpirun") or shutil.which("mpiexec")
+    if mpirun is None:
+        pytest.skip("no mpirun/mpiexec on PATH (pip install mpich)")
+    out = tmp_path / "run"
+    result = run_gpt("--steps", "4", "--out", str(out), "--distributed", launcher=(mpirun, "-n", "2"))
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert result.stdout.count("validation loss") == 1, "only rank 0 prints"
+    assert json.loads((out / "result.json").read_text())["steps_done"] == 4
