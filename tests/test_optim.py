@@ -165,17 +165,21 @@ def test_trajectory_matches_pytorch(device, kind, settings):
     values, grads = initial_values(), gradient_sequence()
     params = make_params(values, device)
     got = run(OPTIMIZERS[kind](params, **settings), params, grads)
+    assert_trajectories_close(got, torch_trajectory(torch, kind, values, grads, lambda ps: ps, settings))
 
+
+def torch_trajectory(torch, kind, values, grads, groups, settings):
+    """PyTorch's parameters after each step of ``kind`` on ``groups(its parameters)`` with ``grads``."""
     torch_params = [torch.tensor(v, requires_grad=True) for v in values]
     torch_class = {"sgd": torch.optim.SGD, "adam": torch.optim.Adam, "adamw": torch.optim.AdamW}[kind]
-    torch_optimizer = torch_class(torch_params, **settings)
-    expected = []
+    torch_optimizer = torch_class(groups(torch_params), **settings)
+    trajectory = []
     for step_grads in grads:
         for p, g in zip(torch_params, step_grads):
             p.grad = torch.tensor(g)
         torch_optimizer.step()
-        expected.append([p.detach().numpy().copy() for p in torch_params])
-    assert_trajectories_close(got, expected)
+        trajectory.append([p.detach().numpy().copy() for p in torch_params])
+    return trajectory
 
 
 @given(
@@ -611,17 +615,11 @@ def test_groups_match_pytorch(kind, settings, own):
     torch = pytest.importorskip("torch")
     values, grads = initial_values(), gradient_sequence()
     params = make_params(values, "cpu")
-    got = run(OPTIMIZERS[kind]([{"params": params[:1]}, {"params": params[1:], **own}], **settings), params, grads)
-    torch_params = [torch.tensor(v, requires_grad=True) for v in values]
-    torch_class = {"sgd": torch.optim.SGD, "adam": torch.optim.Adam, "adamw": torch.optim.AdamW}[kind]
-    torch_optimizer = torch_class([{"params": torch_params[:1]}, {"params": torch_params[1:], **own}], **settings)
-    expected = []
-    for step_grads in grads:
-        for p, g in zip(torch_params, step_grads):
-            p.grad = torch.tensor(g)
-        torch_optimizer.step()
-        expected.append([p.detach().numpy().copy() for p in torch_params])
-    assert_trajectories_close(got, expected)
+    def groups(ps):
+        return [{"params": ps[:1]}, {"params": ps[1:], **own}]
+
+    got = run(OPTIMIZERS[kind](groups(params), **settings), params, grads)
+    assert_trajectories_close(got, torch_trajectory(torch, kind, values, grads, groups, settings))
 
 
 def test_lr_sets_every_group_keeping_the_ratio_of_a_group_with_its_own_rate():
