@@ -23,6 +23,7 @@ from _timing import lockstep_medians, run_isolated, spread_note, torch_or_none  
 import numpy as np  # noqa: E402
 
 SIZES = (784, 256, 128, 10)
+TARGETS = {"vs_numpy": 1.0, "vs_torch": 0.85}  # issue 21: tinytrain's time over theirs, at most
 BATCH = 128
 LR, MOMENTUM = 0.01, 0.9
 
@@ -231,9 +232,9 @@ def main() -> None:
               f"   (processes: {spread})")
     print(f"  {spread_note(times)}")
     ours = times["tinytrain"]["seconds"]
-    print(f"  tinytrain / NumPy: {ours / times['numpy']['seconds']:.2f}x (target <= 1.1x)")
+    print(f"  tinytrain / NumPy: {ours / times['numpy']['seconds']:.2f}x (target <= {TARGETS['vs_numpy']}x)")
     if "torch" in times:
-        print(f"  tinytrain / PyTorch: {ours / times['torch']['seconds']:.2f}x (target <= 0.9x)")
+        print(f"  tinytrain / PyTorch: {ours / times['torch']['seconds']:.2f}x (target <= {TARGETS['vs_torch']}x)")
     theory = memory["theoretical_bytes"]
     print(f"  peak memory: tinytrain {memory['tinytrain_bytes'] / 1e6:.2f} MB, NumPy {memory['numpy_bytes'] / 1e6:.2f} MB, "
           f"theoretical {theory / 1e6:.2f} MB -> {memory['tinytrain_bytes'] / theory:.2f}x (target <= 1.5x)")

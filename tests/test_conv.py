@@ -117,6 +117,58 @@ def test_conv2d_gradcheck_input_weight_bias(device, case, seed) -> None:
     assert tt.gradcheck(lambda x, w, b: F.conv2d(x, w, b, stride=stride, padding=padding), [x, w, b])
 
 
+def test_batch_slices_cover_the_batch_in_parts_that_fit_the_cache() -> None:
+    for shape in [(64, 288, 784), (128, 72, 196), (5, 3, 4), (1, 9, 9), (0, 4, 4)]:
+        array = np.empty(shape, np.float32)
+        parts = conv.batch_slices(np, array)
+        covered = [index for part in parts for index in range(shape[0])[part]]
+        assert covered == list(range(shape[0])), shape  # every image once, in order
+        per_image = 4 * math.prod(shape[1:])
+        assert all(len(range(shape[0])[part]) * per_image <= conv.CACHE_BYTES for part in parts) or \
+            per_image > conv.CACHE_BYTES and all(len(range(shape[0])[part]) == 1 for part in parts), shape
+    assert len(conv.batch_slices(np, np.empty((128, 72, 196), np.float32))) == 8  # 56 kB an image: 18 per part
+
+    class OtherDevice:  # a GPU wants one large product
+        pass
+    assert conv.batch_slices(OtherDevice(), np.empty((64, 288, 784), np.float32)) == [slice(0, 64)]
+
+
+@given(n=st.integers(1, 2), c=st.integers(1, 3), kernel=st.tuples(st.integers(1, 3), st.integers(1, 3)),
+       extra=st.tuples(st.integers(0, 3), st.integers(0, 3)), seed=st.integers(0, 1000))
+def test_add_windows_is_col2im_along_whole_rows(n, c, kernel, extra, seed) -> None:
+    """The column gradient made as wide as the image (zeros on the right) and added by shifts is col2im."""
+    (kh, kw), height, width = kernel, kernel[0] + extra[0], kernel[1] + extra[1]
+    out_h, out_w = height - kh + 1, width - kw + 1
+    cols = np.random.default_rng(seed).standard_normal((n, c * kh * kw, out_h * out_w))
+    wide = np.zeros((n, c * kh * kw, out_h, width))
+    wide[..., :out_w] = cols.reshape(n, -1, out_h, out_w)
+    image = np.zeros((n, c, height, width))
+    conv.add_windows(wide.reshape(n, c * kh * kw, -1), image, kernel)
+    np.testing.assert_allclose(image, col2im(np, cols, image.shape, kernel, (1, 1)), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("images_per_part", [1, 2])
+@pytest.mark.parametrize("stride, padding", [(1, 1), (1, 0), (2, 1), ((1, 2), (2, 0))])
+def test_conv2d_in_parts_equals_the_whole_batch_at_once(images_per_part, stride, padding) -> None:
+    """The batch cut into parts (the last one smaller) gives the same values and exact gradients."""
+    rng = np.random.default_rng(images_per_part)
+    x_host, w_host, b_host = rng.standard_normal((5, 2, 6, 5)), rng.standard_normal((3, 2, 3, 2)), rng.standard_normal(3)
+    (sh, sw), (ph, pw) = _pair(stride), _pair(padding)
+    columns = np.empty((5, 2 * 3 * 2, output_size(6, 3, sh, ph) * output_size(5, 2, sw, pw)))  # float64, like x
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(conv, "CACHE_BYTES", images_per_part * columns[0].nbytes)
+        assert len(conv.batch_slices(np, columns)) == (5 if images_per_part == 1 else 3)
+        x, w, b = (tensor64(a, "cpu", requires_grad=True) for a in (x_host, w_host, b_host))
+        out = F.conv2d(x, w, b, stride=stride, padding=padding)
+        np.testing.assert_allclose(out.numpy(), reference_conv(x_host, w_host, b_host, _pair(stride), _pair(padding)),
+                                   rtol=1e-10, atol=1e-10)
+        assert tt.gradcheck(lambda x, w, b: F.conv2d(x, w, b, stride=stride, padding=padding), [x, w, b])
+
+
+def _pair(value):
+    return value if isinstance(value, tuple) else (value, value)
+
+
 @pytest.mark.parametrize("stride", [1, 2])
 @pytest.mark.parametrize("padding", [0, 1, 2])
 def test_conv2d_gradcheck_grid(device, stride, padding) -> None:

@@ -151,6 +151,39 @@ class BufferCache:
 buffers = BufferCache(max_bytes=0 if allocator.in_effect() else 128 << 20)
 
 
+# About one core's L2 cache: im2col writes a part of the batch this size at most, so the
+# matrix product reads it back from the cache instead of main memory (section 8).
+CACHE_BYTES = 1 << 20
+
+
+def batch_slices(xp: Any, array: Any) -> list[slice]:
+    """Slices of ``array``'s first (batch) axis, each at most ``CACHE_BYTES`` and at least one
+    image; one slice of everything where ``xp`` is not NumPy (a GPU wants large products)."""
+    n = array.shape[0]
+    per_image = array.nbytes // max(n, 1)
+    step = n if xp is not np else max(1, CACHE_BYTES // max(per_image, 1))
+    return [slice(start, start + step) for start in range(0, n, step)] or [slice(0, 0)]
+
+
+def add_windows(cols: Any, image: Any, kernel: tuple[int, int]) -> None:
+    """col2im for stride 1 along whole rows: add ``cols`` into the (padded) ``image`` (N, C, H, W).
+
+    ``cols`` is (N, C * kH * kW, H_out * W): a column for each position of a *full* image
+    row, so output (r, q) is column r * W + q; the ``kW - 1`` columns with q >= W_out
+    (past the last window of a row) must hold zeros. The window at offset (i, j) of
+    every output is then the flattened image shifted by ``i * W + j``: one addition of
+    contiguous runs per offset, where col2im adds rows of W_out elements.
+    """
+    n, c, height, width = image.shape
+    kh, kw = kernel
+    flat = image.reshape(n, c, height * width)
+    patches = cols.reshape(n, c, kh * kw, -1)
+    length = (height - kh) * width + (width - kw + 1)  # up to the last real output: no shift runs past the end
+    for k in range(kh * kw):
+        start = (k // kw) * width + k % kw  # offset (i, j) of the window, row by row
+        flat[:, :, start:start + length] += patches[:, :, k, :length]
+
+
 class Conv2dFunction(Function):
     """``conv2d`` as one graph node: im2col and one matrix product forward; two
     products and col2im backward. Inputs ``x`` (N, C, H, W), ``weight`` (O, C, kH, kW)
@@ -161,33 +194,53 @@ class Conv2dFunction(Function):
     def forward(self, x: Any, weight: Any, bias: Any = None, *, stride: tuple[int, int],
                 padding: tuple[int, int]) -> Any:
         xp = self.xp
-        n = x.shape[0]
+        n, channels, height, width = x.shape
         out_channels, _, kh, kw = weight.shape
-        if padding != (0, 0):
-            x = self.backend.pad(x, ((0, 0), (0, 0), (padding[0], padding[0]), (padding[1], padding[1])))
-        out_h, out_w = output_size(x.shape[2], kh, stride[0]), output_size(x.shape[3], kw, stride[1])
-        cols = im2col(xp, x, (kh, kw), stride,
-                      out=buffers.empty(xp, (n, x.shape[1] * kh * kw, out_h * out_w), x.dtype))
-        out = xp.matmul(weight.reshape(out_channels, -1), cols,  # (N, O, L): already the output's layout
-                        out=buffers.empty(xp, (n, out_channels, out_h * out_w), xp.result_type(weight, cols)))
-        if bias is not None:
-            out += bias.reshape(out_channels, 1)
-        self.cols, self.weight, self.padded_shape = cols, weight, x.shape
-        self.stride, self.padding = stride, padding
+        (ph, pw), (sh, sw) = padding, stride
+        self.padded_shape = (n, channels, height + 2 * ph, width + 2 * pw)
+        out_h, out_w = output_size(height, kh, sh, ph), output_size(width, kw, sw, pw)
+        rows = weight.reshape(out_channels, -1)
+        cols = buffers.empty(xp, (n, rows.shape[1], out_h * out_w), x.dtype)
+        out = buffers.empty(xp, (n, out_channels, out_h * out_w), xp.result_type(weight, cols))  # (N, O, L): NCHW
+        for part in batch_slices(xp, cols):  # a few images at a time: each step reads what the last one wrote
+            images = x[part] if padding == (0, 0) else self.backend.pad(x[part], ((0, 0), (0, 0), (ph, ph), (pw, pw)))
+            im2col(xp, images, (kh, kw), stride, out=cols[part])
+            xp.matmul(rows, cols[part], out=out[part])
+            if bias is not None:
+                out[part] += bias.reshape(out_channels, 1)
+        self.cols, self.weight, self.stride, self.padding = cols, weight, stride, padding
         return out.reshape(n, out_channels, out_h, out_w)
 
     def backward(self, grad: Any) -> tuple:
         xp, cols, weight = self.xp, self.cols, self.weight
-        n, out_channels = grad.shape[:2]
+        n, out_channels, out_h, out_w = grad.shape
         g = grad.reshape(n, out_channels, -1)  # (N, O, L)
+        rows = weight.reshape(out_channels, -1)
+        need_x, need_weight = self.inputs[0].requires_grad, self.inputs[1].requires_grad
+        parts = batch_slices(xp, cols)
         grad_x = grad_weight = None
-        if self.inputs[1].requires_grad:
-            grad_weight = xp.matmul(g, cols.transpose(0, 2, 1)).sum(axis=0).reshape(weight.shape)
-        if self.inputs[0].requires_grad:
-            grad_cols = xp.matmul(weight.reshape(out_channels, -1).T, g,
-                                  out=buffers.empty(xp, cols.shape, g.dtype))
-            grad_x = col2im(xp, grad_cols, self.padded_shape, weight.shape[2:], self.stride,
-                            out=buffers.zeros(xp, self.padded_shape, grad_cols.dtype))
+        if need_x:
+            grad_x = buffers.zeros(xp, self.padded_shape, g.dtype)
+            # stride 1: the column gradient gets a column for every position of a padded row (add_windows)
+            width = self.padded_shape[3] if self.stride == (1, 1) else out_w
+            part_size = len(range(n)[parts[0]])
+            g_rows = buffers.zeros(xp, (part_size, out_channels, out_h, width), g.dtype)  # zeros past out_w
+            grad_cols = buffers.empty(xp, (part_size, rows.shape[1], out_h * width), g.dtype)
+        weight_parts = []  # per part, as (C kH kW, O): cols @ g.T is the faster order for BLAS
+        for part in parts:  # each part's columns and gradient are read while they are in the cache
+            if need_weight:
+                weight_parts.append(xp.matmul(cols[part], g[part].transpose(0, 2, 1)).sum(axis=0))
+            if need_x:
+                m = len(range(n)[part])
+                g_rows[:m, :, :, :out_w] = grad[part]
+                xp.matmul(rows.T, g_rows[:m].reshape(m, out_channels, -1), out=grad_cols[:m])
+                if width == out_w:
+                    col2im(xp, grad_cols[:m], grad_x[part].shape, weight.shape[2:], self.stride, out=grad_x[part])
+                else:
+                    add_windows(grad_cols[:m], grad_x[part], weight.shape[2:])
+        if need_weight:
+            grad_weight = sum(weight_parts).T.reshape(weight.shape)
+        if need_x:
             (ph, pw), (height, width) = self.padding, self.padded_shape[2:]
             grad_x = grad_x[:, :, ph:height - ph, pw:width - pw]  # the padding is not an input
         if len(self.inputs) == 2:

@@ -1,0 +1,40 @@
+"""The benchmark scripts measure what they say: the sides compute the same thing, the epoch is the milestone's."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+
+import cnn_epoch  # noqa: E402
+import conv_layer  # noqa: E402
+from _timing import torch_or_none  # noqa: E402
+
+
+@pytest.mark.parametrize("index", [0, 2])  # the first layer (no input gradient) and one that needs it
+def test_conv_layer_sides_compute_the_same_convolution(index) -> None:
+    sides = ["tinytrain", "numpy"] + (["torch"] if torch_or_none() is not None else [])
+    values = {}
+    for side in sides:
+        forward, backward = conv_layer.SIDES[side](index)
+        values[side] = (forward(), backward())
+    for side in sides[1:]:
+        np.testing.assert_allclose(values[side], values["tinytrain"], rtol=1e-4, atol=1e-5, err_msg=side)
+
+
+def test_conv_layer_first_layers_of_each_dataset_skip_the_input_gradient() -> None:
+    needs = [conv_layer.layer_data(index)[3] for index in range(len(conv_layer.LAYERS))]
+    assert needs == [False, True, True, True, False, True, True, True, True, True]
+
+
+def test_cnn_epoch_runs_the_milestone_on_data_of_the_datasets_shape(monkeypatch, tmp_path) -> None:
+    monkeypatch.chdir(tmp_path)
+    loader = cnn_epoch.synthetic("cifar10", 0.002)
+    train, test = loader("cifar10", True, ""), loader("cifar10", False, "")
+    assert train.images.shape == (100, 3, 32, 32) and len(test) == 20 and len(train.classes) == 10
+    found = cnn_epoch.epoch_seconds("mnist", 0.002)  # 120 training images: two steps of 64 and a validation pass
+    assert found["fraction"] == 0.002 and found["batch_size"] == 64
+    assert found["epoch_seconds"] == pytest.approx(found["measured_seconds"] / 0.002)
