@@ -451,9 +451,10 @@ buffers = BufferCache(max_bytes=0 if allocator.in_effect() else 128 << 20)
 # 1. **A few images at a time.** The columns of a batch are tens of megabytes,
 #    more than the processor's caches. Written all at once, they go out to main
 #    memory and the product reads them back from there. `batch_slices(xp, cols)`
-#    cuts the batch into parts of at most `CACHE_BYTES` (about one core's L2
-#    cache); unfolding and multiplying one part after the other, the product
-#    reads columns that are still in the cache. The same loop serves backward.
+#    cuts the batch into parts of at most `CACHE_BYTES` (2 MiB, a size that fits
+#    the processor's caches); unfolding and multiplying one part after the
+#    other, the product reads columns that are still in the cache. The same
+#    loop serves backward.
 # 2. **col2im along whole rows.** col2im adds rows of $W_{out}$ numbers, and
 #    for a 14×14 image NumPy spends more time starting each short row than
 #    adding it. Give the column gradient one column for *every* position of a
@@ -464,9 +465,10 @@ buffers = BufferCache(max_bytes=0 if allocator.in_effect() else 128 << 20)
 #    `add_windows` does that for stride 1.
 
 # %% export="nn/conv"
-# About one core's L2 cache: im2col writes a part of the batch this size at most, so the
-# matrix product reads it back from the cache instead of main memory (section 8).
-CACHE_BYTES = 1 << 20
+# im2col writes a part of the batch this size at most, so the matrix product reads it back
+# from the cache instead of main memory (section 8). On our machine (1 MiB of L2 cache per
+# core, 32 MiB of L3) 2 MiB was the fastest of 256 KiB to 8 MiB, by 5-15%.
+CACHE_BYTES = 2 << 20
 
 
 def batch_slices(xp: Any, array: Any) -> list[slice]:
@@ -509,7 +511,7 @@ wide[..., :5] = grad_cols.reshape(2, 27, 4, 5)
 image = np.zeros((2, 3, 6, 7))
 add_windows(wide.reshape(2, 27, 28), image, (3, 3))
 np.testing.assert_allclose(image, col2im(np, grad_cols, (2, 3, 6, 7), (3, 3), (1, 1)))
-assert [len(range(64)[part]) for part in batch_slices(np, np.empty((64, 288, 784), np.float32))] == [1] * 64
+assert [len(range(64)[part]) for part in batch_slices(np, np.empty((64, 288, 784), np.float32))] == [2] * 32
 print("add_windows == col2im; batch_slices OK")
 
 # %% [markdown]
@@ -1124,11 +1126,13 @@ for label, plain, faster in [("forward: im2col + product", forward_at_once, forw
           f"({plain_seconds / faster_seconds:.2f}x)")
 
 # %% [markdown]
-# On our machine the parts made this forward pass 1.07× faster and the
-# whole-row col2im the input gradient 1.2× faster, although its product is
-# 18/16 times larger (the zero columns). With both, and the weight gradient
-# taken part by part too, the MNIST- and CIFAR-shaped training steps of
-# `benchmarks/cnn_step.py` take 0.89× and 0.86× the time of the plain recipe.
+# On our machine, when it was quiet, the parts made this forward pass about
+# 1.07× faster and the whole-row col2im the input gradient about 1.2× faster,
+# although its product is 18/16 times larger (the zero columns); on a busy
+# machine the differences drown in the noise. Within whole training steps they
+# add up: with both, and the weight gradient taken part by part too, the MNIST-
+# and CIFAR-shaped steps of `benchmarks/cnn_step.py` take 0.86× the time of
+# the plain recipe.
 # Neither trick changes a number the convolution computes, so the course grades
 # the plain recipe and the library ships the faster one.
 
