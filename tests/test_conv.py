@@ -165,6 +165,26 @@ def test_conv2d_in_parts_equals_the_whole_batch_at_once(images_per_part, stride,
         assert tt.gradcheck(lambda x, w, b: F.conv2d(x, w, b, stride=stride, padding=padding), [x, w, b])
 
 
+@pytest.mark.parametrize("kernel, stride", [(2, 2), (3, 1), ((2, 3), (2, 1))])
+def test_max_pool_in_parts_equals_the_whole_batch_at_once(kernel, stride) -> None:
+    """Pooled a few images at a time (overlapping windows too), with ties: the same values and first-maximum gradients."""
+    rng = np.random.default_rng(4)
+    x_host = np.maximum(rng.standard_normal((5, 2, 6, 7)), 0)  # ReLU output: many tied zeros
+    grad = rng.standard_normal(F.max_pool2d(tt.tensor(x_host), kernel, stride).shape)
+    results = []
+    for cache_bytes in (x_host[0].nbytes * 2, conv.CACHE_BYTES):  # parts of 2, 2 and 1 images; one part
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(conv, "CACHE_BYTES", cache_bytes)
+            x = tensor64(x_host, "cpu", requires_grad=True)
+            out = F.max_pool2d(x, kernel, stride)
+            out.backward(tt.tensor(grad))
+            results.append((out.numpy(), x.grad.numpy()))
+    (parts_out, parts_grad), (whole_out, whole_grad) = results
+    np.testing.assert_array_equal(parts_out, whole_out)
+    np.testing.assert_array_equal(parts_grad, whole_grad)
+    np.testing.assert_allclose(whole_out, reference_pool(x_host, _pair(kernel), _pair(stride), np.max))
+
+
 def _pair(value):
     return value if isinstance(value, tuple) else (value, value)
 

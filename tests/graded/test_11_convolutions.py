@@ -148,7 +148,7 @@ POOL_CASES = [((2, 2), (2, 2)), ((3, 3), (1, 1)), ((2, 2), (3, 3)), ((2, 3), (1,
 # Windows of more than 256 elements (the offsets no longer fit in a byte), 256 exactly and 257:
 # (input shape, kernel, stride).
 LARGE_POOL_CASES = [((1, 2, 17, 18), (17, 17), (1, 1)), ((1, 1, 16, 17), (16, 16), (1, 1)),
-                    ((1, 2, 2, 259), (1, 257), (1, 1))]
+                    ((1, 2, 2, 259), (1, 257), (1, 1)), ((1, 2, 259, 2), (257, 1), (1, 1))]
 
 
 def large_pool_input(shape, kernel):

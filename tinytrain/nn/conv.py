@@ -368,27 +368,33 @@ class MaxPool2dFunction(Function):
 
     def forward(self, x: Any, *, kernel: tuple[int, int], stride: tuple[int, int]) -> Any:
         xp = self.xp
-        slices = window_slices(xp, x, kernel, stride)
-        best = buffers.empty(xp, slices[0].shape, x.dtype)
-        best[...] = slices[0]
+        n, c, height, width = x.shape
+        out_shape = (n, c, output_size(height, kernel[0], stride[0]), output_size(width, kernel[1], stride[1]))
+        best = buffers.empty(xp, out_shape, x.dtype)
         # The offset of the first maximum: uint8 holds the 256 offsets of a 16x16 window.
-        winner = xp.zeros(best.shape, dtype=xp.uint8 if len(slices) <= 256 else xp.int32)
-        for k in range(1, len(slices)):
-            better = slices[k] > best  # strictly: on a tie the earlier offset stays the winner
-            # offsets only grow, so "set winner to k where better" is a maximum (and 20x faster than masking)
-            xp.maximum(winner, better * winner.dtype.type(k), out=winner)
-            xp.maximum(best, slices[k], out=best)
+        winner = xp.zeros(out_shape, dtype=xp.uint8 if kernel[0] * kernel[1] <= 256 else xp.int32)
+        for part in batch_slices(xp, x):  # a few images at a time: every offset finds them in the cache
+            slices = window_slices(xp, x[part], kernel, stride)
+            part_best, part_winner = best[part], winner[part]
+            part_best[...] = slices[0]
+            for k in range(1, len(slices)):
+                better = slices[k] > part_best  # strictly: on a tie the earlier offset stays the winner
+                # offsets only grow, so "set winner to k where better" is a maximum (and 20x faster than masking)
+                xp.maximum(part_winner, better * part_winner.dtype.type(k), out=part_winner)
+                xp.maximum(part_best, slices[k], out=part_best)
         self.winner, self.shape, self.kernel, self.stride = winner, x.shape, kernel, stride
         return best
 
     def backward(self, grad: Any) -> tuple:
         xp = self.xp
         grad_x, slices, tiled = gradient_slices(xp, self.shape, self.kernel, self.stride, grad.dtype)
-        for k, target in enumerate(slices):
-            if tiled:
-                xp.multiply(grad, self.winner == k, out=target)
-            else:
-                target += grad * (self.winner == k)
+        for part in batch_slices(xp, grad_x):
+            for k, target in enumerate(slices):
+                won = self.winner[part] == k
+                if tiled:
+                    xp.multiply(grad[part], won, out=target[part])
+                else:
+                    target[part] += grad[part] * won
         return (grad_x,)
 
 
