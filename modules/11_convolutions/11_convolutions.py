@@ -1266,13 +1266,14 @@ buffers.max_bytes = limit
 #
 # `benchmarks/cnn_step.py` times this step and a CIFAR-shaped one against
 # hand-written NumPy and PyTorch, each in a process of its own with one thread.
-# On our 2-core machine the MNIST-shaped step took 1.0× PyTorch's time and the
-# CIFAR-shaped one 1.3×. Both were faster than the hand-written NumPy step
-# (0.7× and 0.9×), which runs with the C library's defaults, as ordinary NumPy
-# code does, and pays the page faults above. With every process told to keep
-# freed memory (`MALLOC_MMAP_THRESHOLD_=33554432
-# MALLOC_TRIM_THRESHOLD_=1073741824` in the environment), the NumPy step is the
-# faster one, by 6–10%, and PyTorch gains too (1.1× and 1.5×).
+# On our 2-core machine the MNIST-shaped step took 0.7–0.8× PyTorch's time and
+# the CIFAR-shaped one about the same (0.98–1.05× over several runs). Both were
+# faster than the hand-written NumPy step (0.5× and 0.7×), which runs with the
+# C library's defaults, as ordinary NumPy code does, and pays the page faults
+# above. With every process told to keep freed memory
+# (`MALLOC_MMAP_THRESHOLD_=33554432 MALLOC_TRIM_THRESHOLD_=1073741824` in the
+# environment) the NumPy step comes within 3–6% of ours, and PyTorch gains too
+# (0.94× and 1.17×).
 #
 # ## How PyTorch does it
 #
