@@ -49,11 +49,14 @@ def epoch_seconds(dataset: str, fraction: float) -> dict[str, Any]:
     """Seconds of one milestone epoch (training and validation), measured on ``fraction`` of the data, scaled."""
     from tinytrain.course import milestones
 
-    milestone = milestones.MILESTONES["cnn"]
+    milestone, real_loader = milestones.MILESTONES["cnn"], milestones.load_dataset
     milestones.load_dataset = synthetic(dataset, fraction)
-    with tempfile.TemporaryDirectory() as out:
-        settings = milestones.Settings(**{**milestone.defaults.__dict__, "dataset": dataset, "out": out})
-        result = milestone.train(milestone, settings, stop_after=1)  # the first of the default 20 epochs
+    try:
+        with tempfile.TemporaryDirectory() as out:
+            settings = milestones.Settings(**{**milestone.defaults.__dict__, "dataset": dataset, "out": out})
+            result = milestone.train(milestone, settings, stop_after=1)  # the first of the default 20 epochs
+    finally:
+        milestones.load_dataset = real_loader  # a caller in the same process gets the real datasets back
     measured = result["train_seconds_this_run"]
     return {"measured_seconds": measured, "fraction": fraction, "epoch_seconds": measured / fraction,
             "batch_size": settings.batch_size}

@@ -7,6 +7,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tinytrain.course import milestones
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
 import cnn_epoch  # noqa: E402
@@ -32,9 +34,11 @@ def test_conv_layer_first_layers_of_each_dataset_skip_the_input_gradient() -> No
 
 def test_cnn_epoch_runs_the_milestone_on_data_of_the_datasets_shape(monkeypatch, tmp_path) -> None:
     monkeypatch.chdir(tmp_path)
+    real_loader = milestones.load_dataset
     loader = cnn_epoch.synthetic("cifar10", 0.002)
     train, test = loader("cifar10", True, ""), loader("cifar10", False, "")
     assert train.images.shape == (100, 3, 32, 32) and len(test) == 20 and len(train.classes) == 10
     found = cnn_epoch.epoch_seconds("mnist", 0.002)  # 120 training images: two steps of 64 and a validation pass
     assert found["fraction"] == 0.002 and found["batch_size"] == 64
     assert found["epoch_seconds"] == pytest.approx(found["measured_seconds"] / 0.002)
+    assert milestones.load_dataset is real_loader  # the real datasets are back for whatever runs next

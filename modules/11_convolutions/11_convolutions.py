@@ -574,19 +574,19 @@ class Conv2dFunction(Function):
         if need_x:
             grad_x = buffers.zeros(xp, self.padded_shape, g.dtype)
             # stride 1: the column gradient gets a column for every position of a padded row (add_windows)
-            width = self.padded_shape[3] if self.stride == (1, 1) else out_w
-            part_size = len(range(n)[parts[0]])
-            g_rows = buffers.zeros(xp, (part_size, out_channels, out_h, width), g.dtype)  # zeros past out_w
-            grad_cols = buffers.empty(xp, (part_size, rows.shape[1], out_h * width), g.dtype)
+            row_length = self.padded_shape[3] if self.stride == (1, 1) else out_w
+            part_size = len(grad[parts[0]])
+            g_rows = buffers.zeros(xp, (part_size, out_channels, out_h, row_length), g.dtype)  # zeros past out_w
+            grad_cols = buffers.empty(xp, (part_size, rows.shape[1], out_h * row_length), g.dtype)
         weight_parts = []  # per part, as (C kH kW, O): cols @ g.T is the faster order for BLAS
         for part in parts:  # each part's columns and gradient are read while they are in the cache
             if need_weight:
                 weight_parts.append(xp.matmul(cols[part], g[part].transpose(0, 2, 1)).sum(axis=0))
             if need_x:
-                m = len(range(n)[part])
+                m = len(grad[part])
                 g_rows[:m, :, :, :out_w] = grad[part]
                 xp.matmul(rows.T, g_rows[:m].reshape(m, out_channels, -1), out=grad_cols[:m])
-                if width == out_w:
+                if row_length == out_w:
                     col2im(xp, grad_cols[:m], grad_x[part].shape, weight.shape[2:], self.stride, out=grad_x[part])
                 else:
                     add_windows(grad_cols[:m], grad_x[part], weight.shape[2:])
