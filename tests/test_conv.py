@@ -223,6 +223,35 @@ def test_conv2d_skips_gradients_nobody_needs(device) -> None:
     assert x.grad.shape == x.shape and layer.bias.grad is not None
 
 
+@pytest.mark.parametrize("frozen", ["x", "weight", "bias", "weight and bias"])
+def test_conv2d_gradients_with_some_inputs_frozen(device, frozen) -> None:
+    """The bias is the weight of a row of ones in the product, forward and backward: every
+    combination of inputs that want a gradient gets exact ones, and the others get none."""
+    rng = np.random.default_rng(3)
+    arrays = {"x": rng.standard_normal((3, 2, 5, 4)), "weight": rng.standard_normal((4, 2, 3, 3)),
+              "bias": rng.standard_normal(4)}
+    leaves = {name: tensor64(a, device, requires_grad=name not in frozen.split(" and ")) for name, a in arrays.items()}
+    out = F.conv2d(leaves["x"], leaves["weight"], leaves["bias"], padding=1)
+    np.testing.assert_allclose(out.numpy(), reference_conv(arrays["x"], arrays["weight"], arrays["bias"], (1, 1), (1, 1)),
+                               rtol=1e-10, atol=1e-10)
+    out.sum().backward()
+    for name, leaf in leaves.items():
+        assert (leaf.grad is None) == (name in frozen.split(" and ")), name
+    if leaves["bias"].grad is not None:
+        np.testing.assert_allclose(leaves["bias"].grad.numpy(), [3 * 5 * 4] * 4)
+    assert tt.gradcheck(lambda x, w, b: F.conv2d(x, w, b, padding=1), list(leaves.values()))
+
+
+def test_conv2d_bias_of_another_float_dtype_keeps_the_result_dtype(device) -> None:
+    """A float64 bias on a float32 convolution is added in float32, as ``out += bias`` would."""
+    x, w = tt.randn(2, 2, 4, 4, device=device), tt.randn(3, 2, 3, 3, device=device)
+    bias = tt.tensor(np.arange(3.0), dtype="float64", device=device)
+    out = F.conv2d(x, w, bias, padding=1)
+    assert out.dtype == np.float32
+    np.testing.assert_allclose(out.numpy(), F.conv2d(x, w, padding=1).numpy() + np.arange(3.0)[:, None, None],
+                               rtol=1e-5, atol=1e-5)
+
+
 def test_conv2d_result_device_and_dtype(device, canonical_device) -> None:
     x, w = tt.randn(1, 2, 4, 4, device=device), tt.randn(3, 2, 3, 3, device=device)
     out = F.conv2d(x, w, padding=1)

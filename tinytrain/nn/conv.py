@@ -201,14 +201,22 @@ class Conv2dFunction(Function):
         self.padded_shape = (n, channels, height + 2 * ph, width + 2 * pw)
         out_h, out_w = output_size(height, kh, sh, ph), output_size(width, kw, sw, pw)
         rows = weight.reshape(out_channels, -1)
+        unfolded = rows.shape[1]  # C * kH * kW
+        if bias is not None:  # the bias as the weight of a row of ones below the columns: the product adds it
+            rows = xp.concatenate([rows, bias.reshape(out_channels, 1).astype(rows.dtype, copy=False)], axis=1)
         cols = buffers.empty(xp, (n, rows.shape[1], out_h * out_w), x.dtype)
-        out = buffers.empty(xp, (n, out_channels, out_h * out_w), xp.result_type(weight, cols))  # (N, O, L): NCHW
-        for part in batch_slices(xp, cols):  # a few images at a time: each step reads what the last one wrote
-            images = x[part] if padding == (0, 0) else self.backend.pad(x[part], ((0, 0), (0, 0), (ph, ph), (pw, pw)))
-            im2col(xp, images, (kh, kw), stride, out=cols[part])
+        out = buffers.empty(xp, (n, out_channels, out_h * out_w), xp.result_type(rows, cols))  # (N, O, L): NCHW
+        parts = batch_slices(xp, cols)
+        if padding != (0, 0):  # one padded part, its border zeroed once; each part copies in its images
+            padded = buffers.zeros(xp, (len(x[parts[0]]),) + self.padded_shape[1:], x.dtype)
+        for part in parts:  # a few images at a time: each step reads what the last one wrote
+            images = x[part]
+            if padding != (0, 0):
+                padded[:len(images), :, ph:ph + height, pw:pw + width] = images
+                images = padded[:len(images)]
+            im2col(xp, images, (kh, kw), stride, out=cols[part, :unfolded])
+            cols[part, unfolded:] = 1
             xp.matmul(rows, cols[part], out=out[part])
-            if bias is not None:
-                out[part] += bias.reshape(out_channels, 1)
         self.cols, self.weight, self.stride, self.padding = cols, weight, stride, padding
         return out.reshape(n, out_channels, out_h, out_w)
 
@@ -217,19 +225,21 @@ class Conv2dFunction(Function):
         n, out_channels, out_h, out_w = grad.shape
         g = grad.reshape(n, out_channels, -1)  # (N, O, L)
         rows = weight.reshape(out_channels, -1)
+        unfolded = rows.shape[1]
         need_x, need_weight = self.inputs[0].requires_grad, self.inputs[1].requires_grad
+        need_bias = len(self.inputs) == 3 and self.inputs[2].requires_grad
         parts = batch_slices(xp, cols)
-        grad_x = grad_weight = None
+        grad_x = grad_weight = grad_bias = None
         if need_x:
             grad_x = buffers.zeros(xp, self.padded_shape, g.dtype)
             # stride 1: the column gradient gets a column for every position of a padded row (add_windows)
             row_length = self.padded_shape[3] if self.stride == (1, 1) else out_w
             part_size = len(grad[parts[0]])
             g_rows = buffers.zeros(xp, (part_size, out_channels, out_h, row_length), g.dtype)  # zeros past out_w
-            grad_cols = buffers.empty(xp, (part_size, rows.shape[1], out_h * row_length), g.dtype)
-        weight_parts = []  # per part, as (C kH kW, O): cols @ g.T is the faster order for BLAS
+            grad_cols = buffers.empty(xp, (part_size, unfolded, out_h * row_length), g.dtype)
+        weight_parts = []  # per part, as (C kH kW [+ 1], O): cols @ g.T is the faster order for BLAS
         for part in parts:  # each part's columns and gradient are read while they are in the cache
-            if need_weight:
+            if need_weight or need_bias:  # the row of ones gives the bias gradient, the sum of g, as well
                 weight_parts.append(xp.matmul(cols[part], g[part].transpose(0, 2, 1)).sum(axis=0))
             if need_x:
                 m = len(grad[part])
@@ -239,14 +249,16 @@ class Conv2dFunction(Function):
                     col2im(xp, grad_cols[:m], grad_x[part].shape, weight.shape[2:], self.stride, out=grad_x[part])
                 else:
                     add_windows(grad_cols[:m], grad_x[part], weight.shape[2:])
-        if need_weight:
-            grad_weight = sum(weight_parts).T.reshape(weight.shape)
+        if weight_parts:
+            total = sum(weight_parts)
+            grad_weight = total[:unfolded].T.reshape(weight.shape) if need_weight else None
+            grad_bias = total[unfolded] if need_bias else None
         if need_x:
             (ph, pw), (height, width) = self.padding, self.padded_shape[2:]
             grad_x = grad_x[:, :, ph:height - ph, pw:width - pw]  # the padding is not an input
         if len(self.inputs) == 2:
             return grad_x, grad_weight
-        return grad_x, grad_weight, g.sum(axis=(0, 2))
+        return grad_x, grad_weight, grad_bias
 
 
 def conv2d(x: Tensor, weight: Tensor, bias: Tensor | None = None, stride: Any = 1, padding: Any = 0, *,
