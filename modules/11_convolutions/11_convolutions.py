@@ -1282,33 +1282,34 @@ buffers.max_bytes = limit
 # With the C library's defaults (made pessimistic here:
 # `return_freed_memory()` also stops glibc from raising its threshold as large
 # blocks come and go) every step faults in thousands of pages again: the columns
-# (3.6 + 7.2 MiB for the two convolutions), the second convolution's column
-# gradient (7.2 MiB), the outputs and gradients of convolution and pooling; the
-# kernel zeroes every page before handing it over. On our machine:
+# (3.8 + 7.0 MiB for the two convolutions), the outputs and gradients of
+# convolution and pooling; the kernel zeroes every page before handing it over.
+# On our machine (two runs):
 #
 # | setting | ms per step | page faults per step |
 # |---|---:|---:|
-# | C library defaults | 32.9 | 9,143 |
-# | defaults + buffer cache | 24.8 | 3,865 |
-# | keep freed memory | 16.6 | 0 |
-# | keep freed memory + buffer cache | 19.1 | 0 |
+# | C library defaults | 29.2, 29.4 | 7,949 |
+# | defaults + buffer cache | 22.6, 18.6 | 2,976 |
+# | keep freed memory | 11.7, 11.9 | 0 |
+# | keep freed memory + buffer cache | 13.4, 11.8 | 0 |
 #
 # The buffer cache removes the faults of the arrays it holds; the others (ReLU's
 # outputs, gradients, the matrix products' results) still fault. Keeping freed
 # memory in the heap removes every fault and is faster than the cache, and
-# adding the cache on top makes the step *slower*. Most likely the reason is
-# where the arrays lie: the heap hands an array freed at the end of one step back
-# at the next from memory the step just used, while the cache keeps 28.6 MiB of
-# arrays of its own, more than the CPU's caches hold. So `buffers` is switched
-# off wherever `tinytrain.runtime.allocator.in_effect()` (on Linux, unless
+# adding the cache on top makes the step no faster, in one run slower. Most
+# likely the reason is where the arrays lie: the heap hands an array freed at
+# the end of one step back at the next from memory the step just used, while
+# the cache keeps 25.4 MiB of arrays of its own, more than the CPU's caches
+# hold. So `buffers` is switched off wherever
+# `tinytrain.runtime.allocator.in_effect()` (on Linux, unless
 # `TINYTRAIN_KEEP_FREED_MEMORY=0`) and serves where the C library cannot be told
 # (macOS, for one). The price of either remedy is memory: the process keeps
 # about its peak until it exits, as PyTorch's caching allocators do.
 #
 # `benchmarks/cnn_step.py` times this step and a CIFAR-shaped one against
 # hand-written NumPy and PyTorch, each in a process of its own with one thread.
-# On our 2-core machine the MNIST-shaped step took 0.7–0.8× PyTorch's time and
-# the CIFAR-shaped one about the same (0.98–1.05× over several runs). Both were
+# On our 2-core machine the MNIST-shaped step took 0.65–0.75× PyTorch's time
+# and the CIFAR-shaped one about the same (0.97–1.05× over several runs). Both were
 # faster than the hand-written NumPy step (0.5× and 0.7×), which runs with the
 # C library's defaults, as ordinary NumPy code does, and pays the page faults
 # above. With every process told to keep freed memory
