@@ -293,7 +293,8 @@ def test_conv_backward_gradcheck(student):
 
 
 @check(points=1, hint="Conv2dFunction.backward: compute grad_weight only if inputs[1].requires_grad and grad_x only "
-                      "if inputs[0].requires_grad (None otherwise); grad_x has the UNPADDED input's shape; pixels in "
+                      "if inputs[0].requires_grad (None otherwise), and the bias's gradient whenever the bias requires grad, "
+                      "even with the weight frozen; grad_x has the UNPADDED input's shape; pixels in "
                       "several windows (stride < kernel) get the sum; return one gradient per input (two without "
                       "a bias, three with one)",
        after=("test_conv_forward", "test_col2im"))
@@ -314,6 +315,15 @@ def test_conv_backward_against_loops(student):
             expect_close(wt.grad, grad_w, f"weight gradient, {where}", atol=1e-10)
         else:
             assert wt.grad is None, f"{where}, weight without requires_grad: expected no gradient, got {wt.grad}"
+    x, w, b = RNG.standard_normal((2, 2, 5, 4)), RNG.standard_normal((3, 2, 3, 3)), RNG.standard_normal(3)
+    xt, wt, bt = t64(x, requires_grad=True), t64(w), t64(b, requires_grad=True)  # a frozen weight, a trained bias
+    out = student.Conv2dFunction.apply(xt, wt, bt, stride=(1, 1), padding=(1, 1))
+    g = RNG.standard_normal(out.shape)
+    out.backward(t64(g))
+    where = "x (2, 2, 5, 4), weight (3, 2, 3, 3) without requires_grad, bias (3,) with it, padding (1, 1)"
+    expect_close(bt.grad, g.sum(axis=(0, 2, 3)), f"bias gradient, {where}", atol=1e-10)
+    expect_close(xt.grad, loops_conv_grads(x, w, g, (1, 1), (1, 1))[0], f"input gradient, {where}", atol=1e-10)
+    assert wt.grad is None, f"{where}: expected no weight gradient, got {wt.grad}"
     x, w, b = (t64(RNG.standard_normal(s), requires_grad=True) for s in ((1, 2, 4, 4), (3, 2, 3, 3), (3,)))
     for inputs in ([x, w], [x, w, b]):
         out = student.Conv2dFunction.apply(*inputs, stride=(1, 1), padding=(0, 0))

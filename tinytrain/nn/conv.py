@@ -239,7 +239,7 @@ class Conv2dFunction(Function):
             grad_cols = buffers.empty(xp, (part_size, unfolded, out_h * row_length), g.dtype)
         weight_parts = []  # per part, as (C kH kW [+ 1], O): cols @ g.T is the faster order for BLAS
         for part in parts:  # each part's columns and gradient are read while they are in the cache
-            if need_weight or need_bias:  # the row of ones gives the bias gradient, the sum of g, as well
+            if need_weight:  # with a bias, the row of ones gives its gradient (the sum of g) as well
                 weight_parts.append(xp.matmul(cols[part], g[part].transpose(0, 2, 1)).sum(axis=0))
             if need_x:
                 m = len(grad[part])
@@ -249,10 +249,12 @@ class Conv2dFunction(Function):
                     col2im(xp, grad_cols[:m], grad_x[part].shape, weight.shape[2:], self.stride, out=grad_x[part])
                 else:
                     add_windows(grad_cols[:m], grad_x[part], weight.shape[2:])
-        if weight_parts:
+        if need_weight:
             total = sum(weight_parts)
-            grad_weight = total[:unfolded].T.reshape(weight.shape) if need_weight else None
+            grad_weight = total[:unfolded].T.reshape(weight.shape)
             grad_bias = total[unfolded] if need_bias else None
+        elif need_bias:  # a frozen weight: the bias gradient alone
+            grad_bias = g.sum(axis=(0, 2))
         if need_x:
             (ph, pw), (height, width) = self.padding, self.padded_shape[2:]
             grad_x = grad_x[:, :, ph:height - ph, pw:width - pw]  # the padding is not an input
