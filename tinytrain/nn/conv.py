@@ -215,7 +215,7 @@ class Conv2dFunction(Function):
                 padded[:len(images), :, ph:ph + height, pw:pw + width] = images
                 images = padded[:len(images)]
             im2col(xp, images, (kh, kw), stride, out=cols[part, :unfolded])
-            cols[part, unfolded:] = 1
+            cols[part, unfolded:] = 1  # the row of ones (an empty slice without a bias)
             xp.matmul(rows, cols[part], out=out[part])
         self.cols, self.weight, self.stride, self.padding = cols, weight, stride, padding
         return out.reshape(n, out_channels, out_h, out_w)
