@@ -601,8 +601,8 @@ class Conv2dFunction(Function):
             part_size = len(grad[parts[0]])
             g_rows = buffers.zeros(xp, (part_size, out_channels, out_h, row_length), g.dtype)  # zeros past out_w
             grad_cols = buffers.empty(xp, (part_size, unfolded, out_h * row_length), g.dtype)
-            if self.padding != (0, 0):
-                padded = buffers.empty(xp, (part_size,) + self.padded_shape[1:], g.dtype)
+            # one part's padded input gradient, where there is padding: its inside is copied out (below)
+            padded = buffers.empty(xp, (part_size,) + self.padded_shape[1:], g.dtype) if ph or pw else None
         weight_parts = []  # per part, as (C kH kW [+ 1], O): cols @ g.T is the faster order for BLAS
         for part in parts:  # each part's columns and gradient are read while they are in the cache
             if need_weight:  # with a bias, the row of ones gives its gradient (the sum of g) as well
@@ -611,13 +611,13 @@ class Conv2dFunction(Function):
                 m = len(grad[part])
                 g_rows[:m, :, :, :out_w] = grad[part]
                 xp.matmul(rows.T, g_rows[:m].reshape(m, out_channels, -1), out=grad_cols[:m])
-                image = grad_x[part] if self.padding == (0, 0) else padded[:m]
+                image = grad_x[part] if padded is None else padded[:m]
                 image.fill(0)
                 if row_length == out_w:
                     col2im(xp, grad_cols[:m], image.shape, weight.shape[2:], self.stride, out=image)
                 else:
                     add_windows(grad_cols[:m], image, weight.shape[2:])
-                if self.padding != (0, 0):
+                if padded is not None:
                     # The padding is not an input. Copied out while in the cache, grad_x stays contiguous:
                     # the previous layer's backward would run up to 10x slower over a view of short rows.
                     grad_x[part] = image[:, :, ph:height - ph, pw:width - pw]
