@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import subprocess
 import sys
@@ -82,6 +83,7 @@ def machine() -> dict[str, Any]:
         info["hypervisor"] = fields.get("Hypervisor vendor")
     except (OSError, subprocess.CalledProcessError, ValueError):
         info["cpu"] = platform.processor() or platform.machine()
+    info["blas"] = blas()
     torch = torch_or_none()
     if torch is not None:
         info["torch"] = torch.__version__
@@ -89,6 +91,33 @@ def machine() -> dict[str, Any]:
 
     info["tinytrain"] = tinytrain.__version__
     return info
+
+
+def blas() -> str:
+    """NumPy's BLAS: library, version and the kernels it runs on this CPU.
+
+    The kernels matter: on our Zen 4 VM OpenBLAS picks its SkylakeX ones, and
+    ``OPENBLAS_CORETYPE=Zen`` makes large products 5-10% faster but small ones
+    25-40% slower (README, "Benchmarks"). threadpoolctl reads them where it is
+    installed; otherwise NumPy's build information names the library only.
+    """
+    try:
+        from threadpoolctl import threadpool_info
+    except ImportError:
+        libraries = []
+    else:
+        libraries = [library for library in threadpool_info() if library["user_api"] == "blas"]
+    if libraries:
+        library = libraries[0]
+        kernels = f", {library['architecture']} kernels" if library.get("architecture") else ""
+        chosen = os.environ.get("OPENBLAS_CORETYPE") if library["internal_api"] == "openblas" else None
+        return f"{library['internal_api']} {library['version']}{kernels}" + (
+            f" (OPENBLAS_CORETYPE={chosen})" if chosen else "")
+    try:
+        built = np.show_config(mode="dicts")["Build Dependencies"]["blas"]
+    except (TypeError, KeyError):  # NumPy before 1.26 prints its configuration only
+        return "unknown (pip install threadpoolctl to see it)"
+    return f"{built['name']} {built.get('version', '')}".strip() + " (kernels: pip install threadpoolctl to see them)"
 
 
 # -- theoretical memory of the CNN steps (the MLP's is mlp_step.theoretical_bytes) -------------
@@ -260,7 +289,7 @@ def markdown(report: dict[str, Any]) -> str:
     lines = [
         f"Machine: {info.get('cpu')}, {info.get('cpus')} CPUs"
         + (f" ({info['hypervisor']} VM)" if info.get("hypervisor") else "")
-        + f"; Python {info['python']}, NumPy {info['numpy']}"
+        + f"; Python {info['python']}, NumPy {info['numpy']} (BLAS: {info.get('blas', 'unknown')})"
         + (f", PyTorch {info['torch']}" if "torch" in info else ", PyTorch not installed")
         + "; one BLAS thread on every side.",
         f"Command: `{report['command']}`",

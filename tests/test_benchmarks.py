@@ -42,3 +42,39 @@ def test_cnn_epoch_runs_the_milestone_on_data_of_the_datasets_shape(monkeypatch,
     assert found["fraction"] == 0.002 and found["batch_size"] == 64
     assert found["epoch_seconds"] == pytest.approx(found["measured_seconds"] / 0.002)
     assert milestones.load_dataset is real_loader  # the real datasets are back for whatever runs next
+
+
+def _fake_threadpoolctl(monkeypatch, libraries: list[dict]) -> None:
+    module = type(sys)("threadpoolctl")
+    module.threadpool_info = lambda: libraries
+    monkeypatch.setitem(sys.modules, "threadpoolctl", module)
+
+
+def test_run_records_the_blas_kernels_and_who_chose_them(monkeypatch) -> None:
+    """The kernels move the CNN figures by 5-10%: the report names them, and OPENBLAS_CORETYPE when it chose them."""
+    import run
+
+    openblas = {"user_api": "blas", "internal_api": "openblas", "version": "0.3.31", "architecture": "SkylakeX"}
+    openmp = {"user_api": "openmp", "internal_api": "openmp", "version": None}
+    _fake_threadpoolctl(monkeypatch, [openmp, openblas])
+    monkeypatch.delenv("OPENBLAS_CORETYPE", raising=False)
+    assert run.blas() == "openblas 0.3.31, SkylakeX kernels"
+    monkeypatch.setenv("OPENBLAS_CORETYPE", "Zen")
+    assert run.blas() == "openblas 0.3.31, SkylakeX kernels (OPENBLAS_CORETYPE=Zen)"
+    _fake_threadpoolctl(monkeypatch, [{**openblas, "internal_api": "mkl", "architecture": None}])
+    assert run.blas() == "mkl 0.3.31"  # OPENBLAS_CORETYPE means nothing to another BLAS
+    report = {"machine": {**run.machine(), "blas": "openblas 0.3.31, SkylakeX kernels"}, "command": "c"}
+    monkeypatch.setattr(run, "rows", lambda report: [])
+    monkeypatch.setattr(run, "spread_note", lambda results: "")
+    report.update(mlp_step={}, gpt={"train": {}, "token": {}}, autograd={}, cnn=None)
+    assert "NumPy " + np.__version__ + " (BLAS: openblas 0.3.31, SkylakeX kernels)" in run.markdown(report)
+
+
+def test_run_names_numpys_blas_without_threadpoolctl(monkeypatch) -> None:
+    import run
+
+    monkeypatch.setitem(sys.modules, "threadpoolctl", None)  # not installed: the import fails
+    found = run.blas()
+    assert found.endswith("(kernels: pip install threadpoolctl to see them)") or found.startswith("unknown")
+    if np.lib.NumpyVersion(np.__version__) >= "1.26.0":
+        assert np.show_config(mode="dicts")["Build Dependencies"]["blas"]["name"] in found
