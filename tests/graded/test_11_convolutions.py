@@ -252,6 +252,8 @@ CONV_CASES = [
     ((2, 3, 4, 3), (5, 3, 1, 1), (1, 1), (0, 0)),
     ((1, 2, 4, 5), (3, 2, 2, 3), (1, 2), (0, 1)),
 ]
+# A layer as wide as the CNN milestone's (32 channels, 3x3, padding 1): the rules hold at every width.
+WIDE_X, WIDE_WEIGHT = (2, 32, 5, 3), (32, 32, 3, 3)
 
 
 @check(points=2, hint="Conv2dFunction.forward: pad H by padding[0] and W by padding[1] whenever either is non-zero, "
@@ -268,6 +270,11 @@ def test_conv_forward(student):
         got = student.Conv2dFunction.apply(t64(x), t64(w), stride=stride, padding=padding)
         expect_close(got, loops_conv(x, w, None, stride, padding), f"Conv2dFunction without a bias, {where}",
                      atol=1e-10)
+    x, w, b = RNG.standard_normal(WIDE_X), RNG.standard_normal(WIDE_WEIGHT) / 17, RNG.standard_normal(WIDE_WEIGHT[0])
+    got = student.Conv2dFunction.apply(t64(x), t64(w), t64(b), stride=(1, 1), padding=(1, 1))
+    expect_close(got, loops_conv(x, w, b, (1, 1), (1, 1)),
+                 f"Conv2dFunction with a bias, x {WIDE_X}, weight {WIDE_WEIGHT}, stride (1, 1), padding (1, 1)",
+                 atol=1e-10)
     x, w = RNG.standard_normal((1, 2, 4, 4)), RNG.standard_normal((3, 2, 3, 3))
     for x_dtype, w_dtype, dtype in [("float32", "float32", np.float32), ("float64", "float32", np.float64),
                                     ("float32", "float64", np.float64)]:
@@ -324,12 +331,29 @@ def test_conv_backward_against_loops(student):
     expect_close(bt.grad, g.sum(axis=(0, 2, 3)), f"bias gradient, {where}", atol=1e-10)
     expect_close(xt.grad, loops_conv_grads(x, w, g, (1, 1), (1, 1))[0], f"input gradient, {where}", atol=1e-10)
     assert wt.grad is None, f"{where}: expected no weight gradient, got {wt.grad}"
-    x, w, b = (t64(RNG.standard_normal(s), requires_grad=True) for s in ((1, 2, 4, 4), (3, 2, 3, 3), (3,)))
-    for inputs in ([x, w], [x, w, b]):
-        out = student.Conv2dFunction.apply(*inputs, stride=(1, 1), padding=(0, 0))
-        grads = out._ctx.backward(np.ones(out.shape))
-        expect_equal(len(grads), len(inputs), f"the number of gradients Conv2dFunction.backward returns for "
-                                              f"{len(inputs)} inputs ({'with' if len(inputs) == 3 else 'without'} a bias)")
+    x, w, b = RNG.standard_normal(WIDE_X), RNG.standard_normal(WIDE_WEIGHT) / 17, RNG.standard_normal(WIDE_WEIGHT[0])
+    for frozen in ("x", "weight", None):
+        xt, wt = t64(x, requires_grad=frozen != "x"), t64(w, requires_grad=frozen != "weight")
+        bt = t64(b, requires_grad=True)
+        out = student.Conv2dFunction.apply(xt, wt, bt, stride=(1, 1), padding=(1, 1))
+        g = RNG.standard_normal(out.shape)
+        out.backward(t64(g))
+        grad_x, grad_w, grad_b = loops_conv_grads(x, w, g, (1, 1), (1, 1))
+        where = f"x {WIDE_X}, weight {WIDE_WEIGHT}, bias (32,), padding (1, 1), {frozen or 'nothing'} without requires_grad"
+        expect_close(bt.grad, grad_b, f"bias gradient, {where}", atol=1e-10)
+        for name, leaf, expected in (("x", xt, grad_x), ("weight", wt, grad_w)):
+            if frozen == name:
+                assert leaf.grad is None, f"{where}: expected no {name} gradient, got {leaf.grad}"
+            else:
+                expect_close(leaf.grad, expected, f"{name} gradient, {where}", atol=1e-10)
+    for x_shape, w_shape, padding in [((1, 2, 4, 4), (3, 2, 3, 3), (0, 0)), ((1, 32, 4, 4), WIDE_WEIGHT, (1, 1))]:
+        x, w, b = (t64(RNG.standard_normal(s), requires_grad=True) for s in (x_shape, w_shape, w_shape[:1]))
+        for inputs in ([x, w], [x, w, b]):
+            out = student.Conv2dFunction.apply(*inputs, stride=(1, 1), padding=padding)
+            grads = out._ctx.backward(np.ones(out.shape))
+            expect_equal(len(grads), len(inputs), f"the number of gradients Conv2dFunction.backward returns for "
+                                                  f"{len(inputs)} inputs ({'with' if len(inputs) == 3 else 'without'} "
+                                                  f"a bias), weight {w_shape}")
 
 
 # -- conv2d and Conv2d ------------------------------------------------------------------------------

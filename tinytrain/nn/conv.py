@@ -5,9 +5,10 @@ and the functional forms ``conv2d``, ``max_pool2d`` and ``avg_pool2d``.
 
 ``conv2d`` unfolds the image into columns (im2col, with ``sliding_window_view``)
 and computes every output with one matrix product; backward is two more products
-and a fold back (col2im) by strided additions, one per kernel offset. Pooling
-visits the ``kH * kW`` offsets of its window the same way. All array math goes
-through the backend's ``xp``, so the code runs unchanged on every device.
+and a fold back (col2im) by strided additions, one per kernel offset. 3x3 layers
+with many channels go to Winograd's algorithm (``tinytrain.kernels.winograd``) on the CPU.
+Pooling visits the ``kH * kW`` offsets of its window the same way. All array math
+goes through the backend's ``xp``, so the code runs unchanged on every device.
 """
 import math
 import sys
@@ -17,6 +18,7 @@ import numpy as np
 
 from tinytrain.runtime import allocator
 from tinytrain.autograd import Function
+from tinytrain.kernels import winograd
 from tinytrain.nn.layers import _uniform_parameter
 from tinytrain.nn.normalization import _BatchNorm
 from tinytrain.nn.module import Module
@@ -195,6 +197,10 @@ class Conv2dFunction(Function):
     def forward(self, x: Any, weight: Any, bias: Any = None, *, stride: tuple[int, int],
                 padding: tuple[int, int]) -> Any:
         xp = self.xp
+        self.winograd = None
+        if winograd.applies(xp, x, weight, stride, padding):  # a 3x3 layer with many channels (section 8)
+            out, self.winograd = winograd.forward(x, weight, bias)
+            return out
         n, channels, height, width = x.shape
         out_channels, _, kh, kw = weight.shape
         (ph, pw), (sh, sw) = padding, stride
@@ -221,13 +227,17 @@ class Conv2dFunction(Function):
         return out.reshape(n, out_channels, out_h, out_w)
 
     def backward(self, grad: Any) -> tuple:
+        need_x, need_weight = self.inputs[0].requires_grad, self.inputs[1].requires_grad
+        need_bias = len(self.inputs) == 3 and self.inputs[2].requires_grad
+        if self.winograd is not None:
+            grad_x, grad_weight = winograd.backward(grad, self.winograd, need_x, need_weight)
+            grad_bias = grad.sum(axis=(0, 2, 3)) if need_bias else None
+            return (grad_x, grad_weight) if len(self.inputs) == 2 else (grad_x, grad_weight, grad_bias)
         xp, cols, weight = self.xp, self.cols, self.weight
         n, out_channels, out_h, out_w = grad.shape
         g = grad.reshape(n, out_channels, -1)  # (N, O, L)
         rows = weight.reshape(out_channels, -1)
         unfolded = rows.shape[1]
-        need_x, need_weight = self.inputs[0].requires_grad, self.inputs[1].requires_grad
-        need_bias = len(self.inputs) == 3 and self.inputs[2].requires_grad
         parts = batch_slices(xp, cols)
         grad_x = grad_weight = grad_bias = None
         if need_x:
