@@ -175,3 +175,20 @@ def test_matches_pytorch() -> None:
                                      [expected] + [t.grad for t in theirs]):
         reference = reference.detach().numpy()
         np.testing.assert_allclose(ours.numpy(), reference, rtol=0, atol=2e-5 * np.abs(reference).max(), err_msg=name)
+
+
+def test_backward_twice_with_retain_graph_and_another_forward_between() -> None:
+    """backward reads the saved tiles and never writes them (nor the incoming gradient)."""
+    tt.manual_seed(0)
+    layer = tt.nn.Conv2d(32, 32, 3, padding=1)
+    x = tt.randn(2, 32, 5, 6, requires_grad=True)
+    out = layer(x)
+    assert out._ctx.winograd is not None
+    loss = (out * out).sum()
+    loss.backward(retain_graph=True)
+    once = [layer.weight.grad.numpy().copy(), x.grad.numpy().copy()]
+    layer(tt.randn(2, 32, 5, 6)).sum().backward()  # another graph in between must not clobber the saved tiles
+    layer.weight.grad = None
+    loss.backward()
+    np.testing.assert_allclose(layer.weight.grad.numpy(), once[0], rtol=1e-5)
+    np.testing.assert_allclose(x.grad.numpy(), 2 * once[1], rtol=1e-5)

@@ -337,9 +337,15 @@ def test_conv_backward_against_loops(student):
         bt = t64(b, requires_grad=True)
         out = student.Conv2dFunction.apply(xt, wt, bt, stride=(1, 1), padding=(1, 1))
         g = RNG.standard_normal(out.shape)
+        where = f"x {WIDE_X}, weight {WIDE_WEIGHT}, bias (32,), padding (1, 1), {frozen or 'nothing'} without requires_grad"
+        # what backward itself returns (on a graph of its own): None for an input that needs no gradient
+        returned = student.Conv2dFunction.apply(xt, wt, bt, stride=(1, 1), padding=(1, 1))._ctx.backward(g)
+        for index, name in enumerate(("x", "weight")):
+            if frozen == name:
+                assert returned[index] is None, f"{where}: Conv2dFunction.backward returned a {name} gradient " \
+                                                f"nobody needs (expected None)"
         out.backward(t64(g))
         grad_x, grad_w, grad_b = loops_conv_grads(x, w, g, (1, 1), (1, 1))
-        where = f"x {WIDE_X}, weight {WIDE_WEIGHT}, bias (32,), padding (1, 1), {frozen or 'nothing'} without requires_grad"
         expect_close(bt.grad, grad_b, f"bias gradient, {where}", atol=1e-10)
         for name, leaf, expected in (("x", xt, grad_x), ("weight", wt, grad_w)):
             if frozen == name:
