@@ -30,7 +30,7 @@ G = np.array([[1.0, 0.0, 0.0], [0.5, 0.5, 0.5], [0.5, -0.5, 0.5], [0.0, 0.0, 1.0
 
 # Measured in Module 11, section 8: with fewer channels the 16 products are too thin to pay for the
 # transforms; parts of the batch with about 1 MiB of transformed tiles keep them in the cache.
-MIN_CHANNELS = 32
+MIN_CHANNELS = 16
 PART_BYTES = 1 << 20
 
 
@@ -84,35 +84,28 @@ def forward(x: Any, weight: Any, bias: Any = None) -> tuple[Any, tuple]:
     v = np.empty((16, n * tiles, channels), x.dtype)  # every image's transformed tiles, kept for backward
     result = np.empty((n, out_channels, height, width), x.dtype)
     m = min(n, _images_per_part(tiles, channels, x.dtype.itemsize))
-    # Zero-padded images, channels last; an odd size gets one more zero row or column for its last tile.
-    padded = np.zeros((m, 2 * th + 2, 2 * tw + 2, channels), x.dtype)
-    rows = np.empty((4, m, th, 2 * tw + 2, channels), x.dtype)
+    # Zero-padded images in split columns (see _split_columns); an odd size gets one more zero row or column.
+    padded = np.zeros((m, 2 * th + 2, 2, tw + 1, channels), x.dtype)
+    rows = np.empty((4, m, th, 2, tw + 1, channels), x.dtype)
     products = np.empty((16, m * tiles, out_channels), x.dtype)
     sums = np.empty((2, 4, m, th, tw, out_channels), x.dtype)
-    out = np.empty((m, 2 * th, 2 * tw, out_channels), x.dtype)
-    if bias is not None:
-        bias = bias.astype(x.dtype, copy=False).reshape(-1, 1, 1)
+    out = np.empty((m, 2 * th, 2, tw, out_channels), x.dtype)
     for start in range(0, n, m):
         k = min(m, n - start)
-        padded[:k, 1:height + 1, 1:width + 1] = x[start:start + k].transpose(0, 2, 3, 1)
-        # B^T d B, rows first: row i of every tile is padded row 2 * ty + i.
-        d = [padded[:k, i:i + 2 * th:2] for i in range(4)]
-        _b_transpose(d, rows[:, :k])
+        _split_columns(x[start:start + k], padded[:k, 1:height + 1], shift=1)
+        # B^T d B, rows first: row i of every tile is padded row 2 * ty + i, column j padded column 2 * tx + j.
+        _b_transpose([padded[:k, i:i + 2 * th:2] for i in range(4)], rows[:, :k])
         part_v = v[:, start * tiles:(start + k) * tiles]
         tile_v = part_v.reshape(4, 4, k, th, tw, channels)
         for a in range(4):
-            _b_transpose([rows[a, :k, :, j:j + 2 * tw:2] for j in range(4)], tile_v[a])
+            _b_transpose([rows[a, :k, :, j % 2, j // 2:j // 2 + tw] for j in range(4)], tile_v[a])
         m_part = products[:, :k * tiles]
         np.matmul(part_v, u, out=m_part)
         # A^T M A, rows first, into the 2x2 output tiles
         _a_transpose(m_part.reshape(4, 4, k, th, tw, out_channels), sums[:, :, :k])
         for r in range(2):
-            _a_transpose(sums[r, :, :k], [out[:k, r::2, 0::2], out[:k, r::2, 1::2]])
-        image = out[:k, :height, :width].transpose(0, 3, 1, 2)  # back to (k, O, H, W)
-        if bias is None:
-            result[start:start + k] = image
-        else:
-            np.add(image, bias, out=result[start:start + k])
+            _a_transpose(sums[r, :, :k], out[:k, r::2].transpose(2, 0, 1, 3, 4))
+        _join_columns(out[:k, :height], result[start:start + k], bias)
     return result, (v, u, x.shape, m)
 
 
@@ -123,24 +116,24 @@ def backward(grad: Any, saved: tuple, need_x: bool = True, need_weight: bool = T
     th, tw = _tiles(height), _tiles(width)
     tiles = th * tw
     dtype = v.dtype
-    grad_tiles = np.zeros((m, 2 * th, 2 * tw, out_channels), dtype)  # an odd size's extra row/column stays 0
-    rows = np.empty((4, m, th, 2 * tw, out_channels), dtype)
+    grad_tiles = np.zeros((m, 2 * th, 2, tw, out_channels), dtype)  # an odd size's extra row/column stays 0
+    rows = np.empty((4, m, th, 2, tw, out_channels), dtype)
     dm = np.empty((16, m * tiles, out_channels), dtype)
     du = np.zeros((16, channels, out_channels), dtype) if need_weight else None
     if need_x:
         grad_x = np.empty((n, channels, height, width), dtype)
         dv = np.empty((16, m * tiles, channels), dtype)
         columns = np.empty((4, 4, m, th, tw, channels), dtype)
-        padded = np.empty((m, 2 * th + 2, 2 * tw + 2, channels), dtype)
+        padded = np.empty((m, 2 * th + 2, 2, tw + 1, channels), dtype)
     for start in range(0, n, m):
         k = min(m, n - start)
-        grad_tiles[:k, :height, :width] = grad[start:start + k].transpose(0, 2, 3, 1)
+        _split_columns(grad[start:start + k], grad_tiles[:k, :height], shift=0)
         # dM = A dY A^T, rows first
         _a(grad_tiles[:k, 0::2], grad_tiles[:k, 1::2], rows[:, :k])
         part_dm = dm[:, :k * tiles]
         tile_dm = part_dm.reshape(4, 4, k, th, tw, out_channels)
         for a in range(4):
-            _a(rows[a, :k, :, 0::2], rows[a, :k, :, 1::2], tile_dm[a])
+            _a(rows[a, :k, :, 0], rows[a, :k, :, 1], tile_dm[a])
         if need_weight:
             du += np.matmul(v[:, start * tiles:(start + k) * tiles].transpose(0, 2, 1), part_dm)
         if need_x:
@@ -152,9 +145,35 @@ def backward(grad: Any, saved: tuple, need_x: bool = True, need_weight: bool = T
             image.fill(0)
             for i in range(4):
                 row = image[:, i:i + 2 * th:2]
-                _b(columns[i, :, :k], [row[:, :, j:j + 2 * tw:2] for j in range(4)], add=True)
-            grad_x[start:start + k] = image[:, 1:height + 1, 1:width + 1].transpose(0, 3, 1, 2)
+                _b(columns[i, :, :k], [row[:, :, j % 2, j // 2:j // 2 + tw] for j in range(4)], add=True)
+            _join_columns(image[:, 1:height + 1], grad_x[start:start + k], shift=1)
     return (grad_x if need_x else None), (weight_gradient(du) if need_weight else None)
+
+
+# Inside, column q of an image lives at [..., q % 2, q // 2, :] of an (..., 2, columns // 2, C) array: even
+# columns, then odd ones, channels last. The columns 2 * tx + j of all tiles are then one contiguous run
+# [..., j % 2, j // 2:j // 2 + tiles, :] for every j, where a plain layout would need a step of 2.
+def _split_columns(images: Any, out: Any, shift: int) -> None:
+    """Copy ``images`` (k, C, H, W) into ``out`` (k, H, 2, W', C): column q goes to column ``q + shift``."""
+    width = images.shape[3]
+    for parity in range(2):
+        target = parity + shift
+        count = len(range(parity, width, 2))
+        out[:, :, target % 2, target // 2:target // 2 + count] = images[..., parity::2].transpose(0, 2, 3, 1)
+
+
+def _join_columns(split: Any, out: Any, bias: Any = None, shift: int = 0) -> None:
+    """The inverse of :func:`_split_columns`: ``out`` (k, C, H, W) from ``split`` (k, H, 2, W', C),
+    column q from split column ``q + shift``; adds ``bias`` (C,) when given."""
+    width = out.shape[3]
+    for parity in range(2):
+        source = parity + shift
+        count = len(range(parity, width, 2))
+        columns = split[:, :, source % 2, source // 2:source // 2 + count].transpose(0, 3, 1, 2)
+        if bias is None:
+            out[..., parity::2] = columns
+        else:
+            np.add(columns, bias.astype(out.dtype, copy=False).reshape(-1, 1, 1), out=out[..., parity::2])
 
 
 # The four transforms as additions. Each takes the terms along the axis it transforms (a list or an
