@@ -1273,12 +1273,12 @@ print(f"forward + backward, 32 -> 64 channels: im2col {im2col_seconds * 1e3:.1f}
       f"Winograd {winograd_seconds * 1e3:.1f} ms ({im2col_seconds / winograd_seconds:.2f}x)")
 
 # %% [markdown]
-# On our machine, forward and backward together, Winograd took 0.78× the time
+# On our machine, forward and backward together, Winograd took 0.75× the time
 # of the library's im2col on this layer (32 → 64 channels at 16×16) and
-# 0.58–0.67× on the CIFAR milestone's wider layers (64 and 128 channels), where
-# it comes within 5% of PyTorch; at 8 channels it was 1.2–1.3× slower, hence the
-# threshold. The CIFAR-shaped training step of `benchmarks/cnn_step.py` took
-# 0.85× the time. The results differ from im2col's by float rounding (about
+# 0.59–0.65× on the CIFAR milestone's wider layers (64 and 128 channels), where
+# it comes within about 10% of PyTorch; at 8 channels it was 1.2–1.3× slower,
+# hence the threshold. The CIFAR-shaped training step of `benchmarks/cnn_step.py`
+# took 0.85–0.87× the time. The results differ from im2col's by float rounding (about
 # $10^{-6}$ relative in float32), which is why the checks compare with a tolerance.
 
 # %% [markdown]
