@@ -1238,7 +1238,7 @@ for label, plain, faster in [("forward: im2col + product", forward_at_once, forw
 # when there are few channels. So Winograd wins only for wide layers: the
 # library's reference `Conv2dFunction` hands 3×3, stride-1, padding-1 layers
 # with at least 16 input and output channels to `tinytrain.kernels.winograd`
-# (hand-written code, not one of your functions; about 150 lines, channels-last
+# (hand-written code, not one of your functions; about 220 lines, channels-last
 # inside). You do not need it for full marks. Check the one-dimensional formula,
 # check the library's version against the forward pass above, and time the
 # library's `conv2d` with it and without it:

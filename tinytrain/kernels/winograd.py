@@ -18,8 +18,9 @@ transformed weights ``U`` (C x O). So a convolution is 16 matrix products doing
 only. Backward runs the same products transposed: ``dU = V^T dM`` (then
 ``G^T dU G`` is the weight's gradient) and ``dV = dM U^T`` (then ``B dV B^T``,
 added into the overlapping input tiles, is the input's gradient), with
-``dM = A dY A^T``. Inside, images are channels-last (N, H, W, C), so that every
-addition runs over contiguous channels.
+``dM = A dY A^T``. Inside, images are channels-last with their even columns
+before their odd ones (:func:`_split_columns`), so that every addition runs over
+contiguous memory.
 """
 from typing import Any
 
