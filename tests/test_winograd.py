@@ -192,3 +192,15 @@ def test_backward_twice_with_retain_graph_and_another_forward_between() -> None:
     loss.backward()
     np.testing.assert_allclose(layer.weight.grad.numpy(), once[0], rtol=1e-5)
     np.testing.assert_allclose(x.grad.numpy(), 2 * once[1], rtol=1e-5)
+
+
+def test_an_empty_batch() -> None:
+    """No images: an empty result, an empty input gradient and a zero weight gradient (it used to raise
+    ValueError: range() arg 3 must not be zero)."""
+    x = tt.zeros(0, 32, 5, 6, requires_grad=True)
+    w = tt.randn(32, 32, 3, 3, requires_grad=True)
+    out = F.conv2d(x, w, padding=1)
+    assert out.shape == (0, 32, 5, 6) and out._ctx.winograd is not None
+    out.sum().backward()
+    assert x.grad.shape == (0, 32, 5, 6)
+    np.testing.assert_array_equal(w.grad.numpy(), np.zeros((32, 32, 3, 3), np.float32))

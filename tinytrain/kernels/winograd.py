@@ -84,7 +84,7 @@ def forward(x: Any, weight: Any, bias: Any = None) -> tuple[Any, tuple]:
     u = transform_weight(weight)
     v = np.empty((16, n * tiles, channels), x.dtype)  # every image's transformed tiles, kept for backward
     result = np.empty((n, out_channels, height, width), x.dtype)
-    m = min(n, _images_per_part(tiles, channels, x.dtype.itemsize))
+    m = max(1, min(n, _images_per_part(tiles, channels, x.dtype.itemsize)))  # 1 for an empty batch too
     # Zero-padded images in split columns (see _split_columns); an odd size gets one more zero row or column.
     padded = np.zeros((m, 2 * th + 2, 2, tw + 1, channels), x.dtype)
     rows = np.empty((4, m, th, 2, tw + 1, channels), x.dtype)
