@@ -204,3 +204,15 @@ def test_an_empty_batch() -> None:
     out.sum().backward()
     assert x.grad.shape == (0, 32, 5, 6)
     np.testing.assert_array_equal(w.grad.numpy(), np.zeros((32, 32, 3, 3), np.float32))
+
+
+def test_a_bias_of_another_float_dtype_keeps_the_result_dtype() -> None:
+    """As on the im2col path: a float64 bias on a float32 layer is added in float32."""
+    rng = np.random.default_rng(6)
+    x, w = rng.standard_normal((2, 3, 4, 5), dtype=np.float32), rng.standard_normal((4, 3, 3, 3), dtype=np.float32)
+    bias = rng.standard_normal(4)
+    with winograd_for_every_layer():
+        out = conv_by_winograd(tt.tensor(x), tt.tensor(w), tt.tensor(bias, dtype="float64"))
+        plain = conv_by_winograd(tt.tensor(x), tt.tensor(w))
+    assert out.dtype == np.float32
+    np.testing.assert_array_equal(out.numpy(), plain.numpy() + bias.astype(np.float32).reshape(-1, 1, 1))
