@@ -96,13 +96,14 @@ def test_inputs_that_want_no_gradient_get_none(frozen) -> None:
         np.testing.assert_allclose(leaves["bias"].grad.numpy(), [3 * 5 * 4] * 4)
 
 
-def test_float32_layer_of_the_milestone_uses_it_and_matches_im2col() -> None:
+@pytest.mark.parametrize("size", [(9, 10), (32, 32)])  # 32x32: channels 4 KiB apart, copied 8 at a time
+def test_float32_layer_of_the_milestone_uses_it_and_matches_im2col(size) -> None:
     """At the default threshold a 32 -> 64 channel 3x3 layer takes the Winograd path, in float32,
     and agrees with the im2col path to float32 rounding, forward and backward."""
     rng = np.random.default_rng(0)
-    x = rng.standard_normal((3, 32, 9, 10), dtype=np.float32)
+    x = rng.standard_normal((3, 32, *size), dtype=np.float32)
     w = (rng.standard_normal((64, 32, 3, 3), dtype=np.float32) / 17).astype(np.float32)
-    b, g = rng.standard_normal(64, dtype=np.float32), rng.standard_normal((3, 64, 9, 10), dtype=np.float32)
+    b, g = rng.standard_normal(64, dtype=np.float32), rng.standard_normal((3, 64, *size), dtype=np.float32)
     results = []
     for threshold in (winograd.MIN_CHANNELS, 10 ** 9):  # the default, then never
         with pytest.MonkeyPatch.context() as patch:

@@ -156,11 +156,17 @@ def backward(grad: Any, saved: tuple, need_x: bool = True, need_weight: bool = T
 # [..., j % 2, j // 2:j // 2 + tiles, :] for every j, where a plain layout would need a step of 2.
 def _split_columns(images: Any, out: Any, shift: int) -> None:
     """Copy ``images`` (k, C, H, W) into ``out`` (k, H, 2, W', C): column q goes to column ``q + shift``."""
-    width = images.shape[3]
-    for parity in range(2):
-        target = parity + shift
-        count = len(range(parity, width, 2))
-        out[:, :, target % 2, target // 2:target // 2 + count] = images[..., parity::2].transpose(0, 2, 3, 1)
+    channels, width = images.shape[1], images.shape[3]
+    # Channels a multiple of 4 KiB apart (32x32 float32 images) fall into the same cache sets: gathering
+    # all of them at once ran 2.5-3x slower than 8 at a time. Other sizes are fastest all at once.
+    step = 8 if images.strides[1] % 4096 == 0 else channels
+    for first in range(0, channels, step):
+        block = images[:, first:first + step]
+        for parity in range(2):
+            target = parity + shift
+            count = len(range(parity, width, 2))
+            out[:, :, target % 2, target // 2:target // 2 + count, first:first + step] = \
+                block[..., parity::2].transpose(0, 2, 3, 1)
 
 
 def _join_columns(split: Any, out: Any, bias: Any = None, shift: int = 0) -> None:
