@@ -1216,7 +1216,8 @@ for label, plain, faster in [("forward: im2col + product", forward_at_once, forw
 # ### A fourth trick: fewer multiplications (Winograd)
 #
 # Every trick so far moves the same multiplications around. For 3×3 kernels
-# there is an algorithm that does fewer (Winograd; Lavin & Gray, 2016). In one
+# there is an algorithm that does fewer (Winograd's minimal filtering, 1980;
+# brought to CNNs by Lavin & Gray, 2016). In one
 # dimension, two outputs of a 3-tap filter $g$ over four inputs $d$ need six
 # multiplications the direct way, but only four this way:
 #
