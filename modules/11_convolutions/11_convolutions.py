@@ -1226,26 +1226,37 @@ for label, plain, faster in [("forward: im2col + product", forward_at_once, forw
 # $$y_0 = m_1 + m_2 + m_3, \qquad y_1 = m_2 - m_3 - m_4.$$
 #
 # The sums of $g$ are computed once per filter, not once per position. Written
-# with matrices, $y = A^\top[(G g) \odot (B^\top d)]$, and nested for images a
-# 4×4 input tile gives a 2×2 output tile: $Y = A^\top[(G g G^\top) \odot
-# (B^\top d B)]A$, 16 multiplications instead of 36. With channels the
-# elementwise product $\odot$ becomes a sum over input channels: for each of the
-# 16 positions of a tile, one matrix product of (tiles × $C$) by ($C$ × $O$).
-# So the layer becomes 16 matrix products that do 4/9 of im2col's work, plus
-# the transforms $B^\top d B$ and $A^\top \cdot A$, which are only additions.
-# Backward is the same products transposed.
+# with matrices, $y = A^\top[(G g) \odot (B^\top d)]$ with
+#
+# $$B^\top = \begin{pmatrix} 1 & 0 & -1 & 0 \\ 0 & 1 & 1 & 0 \\ 0 & -1 & 1 & 0 \\ 0 & 1 & 0 & -1 \end{pmatrix},\quad
+#   G = \begin{pmatrix} 1 & 0 & 0 \\ \tfrac12 & \tfrac12 & \tfrac12 \\ \tfrac12 & -\tfrac12 & \tfrac12 \\ 0 & 0 & 1 \end{pmatrix},\quad
+#   A^\top = \begin{pmatrix} 1 & 1 & 1 & 0 \\ 0 & 1 & -1 & -1 \end{pmatrix},$$
+#
+# and nested for images a 4×4 input tile gives a 2×2 output tile:
+# $Y = A^\top[(G g G^\top) \odot (B^\top d B)]A$, 16 multiplications instead of 36.
+# With $C$ input channels each output tile sums $C$ such elementwise products;
+# over all the tiles of the batch that is, for each of the 16 positions of a
+# tile, one matrix product of (tiles × $C$) by ($C$ × $O$). So the layer
+# becomes 16 matrix products that do 4/9 of im2col's multiplications, plus the
+# transforms $B^\top d B$ and $A^\top \cdot A$, which are only additions
+# ($B^\top$ and $A^\top$ hold only 0 and ±1). Backward is the same products
+# transposed: with $U = G g G^\top$, $V = B^\top d B$ and $M = U \odot V$ summed
+# over channels, $\bar V = \bar M U^\top$ for the input and
+# $\bar U = V^\top \bar M$ for the weight.
 #
 # The additions are passes over memory, and each of the 16 products is thin
 # when there are few channels. So Winograd wins only for wide layers: the
 # library's reference `Conv2dFunction` hands 3×3, stride-1, padding-1 layers
-# with at least 16 input and output channels to `tinytrain.kernels.winograd`
-# (hand-written code, not one of your functions; about 220 lines, channels-last
-# inside). You do not need it for full marks. Check the one-dimensional formula,
-# check the library's version against the forward pass above, and time the
-# library's `conv2d` with it and without it:
+# with at least 16 input and output channels (NumPy, float32 or float64) to
+# `tinytrain.kernels.winograd` (hand-written code, not one of your functions;
+# about 230 lines, channels-last inside). You do not need it for full marks.
+# Check the one-dimensional formula, check the library's version against the
+# forward pass above (`winograd.forward(x, weight)` pads the images itself and
+# returns the result and what backward needs), and time the library's `conv2d`
+# with it and without it (`winograd.MIN_CHANNELS` is its threshold):
 
 # %%
-d, g3 = rng.standard_normal(4), rng.standard_normal(3)
+d, g3 = rng.standard_normal(4), rng.standard_normal(3)  # g3 is the filter (g above is an output gradient)
 m = [(d[0] - d[2]) * g3[0], (d[1] + d[2]) * (g3[0] + g3[1] + g3[2]) / 2,
      (d[2] - d[1]) * (g3[0] - g3[1] + g3[2]) / 2, (d[1] - d[3]) * g3[2]]
 np.testing.assert_allclose([m[0] + m[1] + m[2], m[1] - m[2] - m[3]], [d[0:3] @ g3, d[1:4] @ g3])
@@ -1254,7 +1265,7 @@ from tinytrain.kernels import winograd
 
 x_inside, w_filters = x_pad[:, :, 1:-1, 1:-1], w_rows.reshape(64, 32, 3, 3)
 forward_in_parts()
-np.testing.assert_allclose(winograd.forward(x_inside, w_filters)[0].reshape(64, 64, 256), out, rtol=1e-3, atol=1e-2)
+np.testing.assert_allclose(winograd.forward(x_inside, w_filters)[0].reshape(64, 64, 256), out, rtol=1e-4, atol=1e-3)
 
 # Forward and backward through the library's conv2d, with Winograd's threshold where it is and above every layer
 layer_input, layer_weight = tt.tensor(x_inside, requires_grad=True), tt.tensor(w_filters, requires_grad=True)
