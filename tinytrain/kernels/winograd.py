@@ -91,6 +91,8 @@ def forward(x: Any, weight: Any, bias: Any = None) -> tuple[Any, tuple]:
     products = np.empty((16, m * tiles, out_channels), x.dtype)
     sums = np.empty((2, 4, m, th, tw, out_channels), x.dtype)
     out = np.empty((m, 2 * th, 2, tw, out_channels), x.dtype)
+    if bias is not None:  # added in the result's dtype, as im2col's product does
+        bias = bias.astype(x.dtype, copy=False).reshape(-1, 1, 1)
     for start in range(0, n, m):
         k = min(m, n - start)
         _split_columns(x[start:start + k], padded[:k, 1:height + 1], shift=1)
@@ -171,7 +173,7 @@ def _split_columns(images: Any, out: Any, shift: int) -> None:
 
 def _join_columns(split: Any, out: Any, bias: Any = None, shift: int = 0) -> None:
     """The inverse of :func:`_split_columns`: ``out`` (k, C, H, W) from ``split`` (k, H, 2, W', C),
-    column q from split column ``q + shift``; adds ``bias`` (C,) when given."""
+    column q from split column ``q + shift``; adds ``bias`` (C, 1, 1) when given."""
     width = out.shape[3]
     for parity in range(2):
         source = parity + shift
@@ -180,7 +182,7 @@ def _join_columns(split: Any, out: Any, bias: Any = None, shift: int = 0) -> Non
         if bias is None:
             out[..., parity::2] = columns
         else:
-            np.add(columns, bias.astype(out.dtype, copy=False).reshape(-1, 1, 1), out=out[..., parity::2])
+            np.add(columns, bias, out=out[..., parity::2])
 
 
 # The four transforms as additions. Each takes the terms along the axis it transforms (a list or an
