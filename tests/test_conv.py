@@ -254,6 +254,21 @@ def test_conv2d_gradients_with_some_inputs_frozen(device, frozen) -> None:
     assert tt.gradcheck(lambda x, w, b: F.conv2d(x, w, b, padding=1), list(leaves.values()))
 
 
+@pytest.mark.parametrize("stride, padding", [(1, 0), (1, 1), (2, 1)])
+def test_conv2d_on_an_empty_batch(device, stride, padding) -> None:
+    """No images: an empty result and input gradient, zero weight and bias gradients (backward used
+    to raise ValueError: cannot reshape array of size 0 into shape (0,8,newaxis))."""
+    x = tt.zeros(0, 3, 6, 5, device=device, requires_grad=True)
+    layer = nn.Conv2d(3, 8, 3, stride=stride, padding=padding).to(device)
+    out = layer(x)
+    side = (6 + 2 * padding - 3) // stride + 1, (5 + 2 * padding - 3) // stride + 1
+    assert out.shape == (0, 8) + side
+    out.sum().backward()
+    assert x.grad.shape == (0, 3, 6, 5)
+    np.testing.assert_array_equal(layer.weight.grad.numpy(), np.zeros((8, 3, 3, 3), np.float32))
+    np.testing.assert_array_equal(layer.bias.grad.numpy(), np.zeros(8, np.float32))
+
+
 def test_conv2d_bias_of_another_float_dtype_keeps_the_result_dtype(device) -> None:
     """A float64 bias on a float32 convolution is added in float32, as ``out += bias`` would."""
     x, w = tt.randn(2, 2, 4, 4, device=device), tt.randn(3, 2, 3, 3, device=device)

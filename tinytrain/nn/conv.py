@@ -164,7 +164,7 @@ def batch_slices(xp: Any, array: Any) -> list[slice]:
     image; one slice of everything where ``xp`` is not NumPy (a GPU wants large products)."""
     n = array.shape[0]
     per_image = array.nbytes // max(n, 1)
-    step = n if xp is not np else max(1, CACHE_BYTES // max(per_image, 1))
+    step = max(1, n if xp is not np else CACHE_BYTES // max(per_image, 1))  # range() needs a step of 1 or more
     return [slice(start, start + step) for start in range(0, n, step)] or [slice(0, 0)]
 
 
@@ -180,7 +180,7 @@ def add_windows(cols: Any, image: Any, kernel: tuple[int, int]) -> None:
     n, c, height, width = image.shape
     kh, kw = kernel
     flat = image.reshape(n, c, height * width)
-    patches = cols.reshape(n, c, kh * kw, -1)
+    patches = cols.reshape(n, c, kh * kw, cols.shape[-1])
     length = (height - kh) * width + (width - kw + 1)  # up to the last real output: no shift runs past the end
     for k in range(kh * kw):
         start = (k // kw) * width + k % kw  # offset (i, j) of the window, row by row
@@ -235,7 +235,7 @@ class Conv2dFunction(Function):
             return (grad_x, grad_weight) if len(self.inputs) == 2 else (grad_x, grad_weight, grad_bias)
         xp, cols, weight = self.xp, self.cols, self.weight
         n, out_channels, out_h, out_w = grad.shape
-        g = grad.reshape(n, out_channels, -1)  # (N, O, L)
+        g = grad.reshape(n, out_channels, out_h * out_w)  # (N, O, L); -1 cannot be inferred for an empty batch
         rows = weight.reshape(out_channels, -1)
         unfolded = rows.shape[1]
         parts = batch_slices(xp, cols)
@@ -257,7 +257,7 @@ class Conv2dFunction(Function):
             if need_x:
                 m = len(grad[part])
                 g_rows[:m, :, :, :out_w] = grad[part]
-                xp.matmul(rows.T, g_rows[:m].reshape(m, out_channels, -1), out=grad_cols[:m])
+                xp.matmul(rows.T, g_rows[:m].reshape(m, out_channels, out_h * row_length), out=grad_cols[:m])
                 image = grad_x[part] if padded is None else padded[:m]
                 image.fill(0)
                 if row_length == out_w:
