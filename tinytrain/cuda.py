@@ -82,7 +82,8 @@ class DrawCounter:
 
         A state is ``{"generator": GENERATOR, "seed": int, "draws": int}`` with a
         seed and a draw count >= 0. Anything else raises ``ValueError`` naming both
-        what was expected (the generator's name) and what was given.
+        what was expected (the generator's name) and the state given, shown with
+        ``repr`` (``f"... got {state!r}"``); a refused state changes nothing.
         """
         valid = (
             isinstance(state, dict)
