@@ -100,7 +100,11 @@ class DistributedDataLoader(DataLoader):
 def average_gradients(parameters: list[Tensor], comm: Any, extra: float = 0.0) -> float:
     """Replace every gradient by its mean over the ranks, with one all-reduce of a float32
     buffer that holds all of them (and ``extra`` at the end); returns the sum of ``extra``
-    over the ranks. Every rank must pass its parameters in the same order."""
+    over the ranks. Every rank must pass its parameters in the same order. A parameter
+    whose ``.grad`` is ``None`` is left out of the buffer and keeps ``None`` (the same
+    backward gives every rank gradients for the same parameters). MPI reads host memory:
+    a gradient on a device goes into the buffer through ``backend.to_host`` and comes
+    back through ``backend.from_host``, as ``DataParallel.broadcast`` does below."""
     grads = [p.grad for p in parameters if p.grad is not None]
     sizes = [g.size for g in grads]
     send = np.empty(sum(sizes) + 1, dtype=np.float32)

@@ -318,10 +318,11 @@ plt.show()
 # step along it can undo an epoch of training. **Clipping** caps the step: treat
 # the gradients of *all* parameters as one long vector $g$, compute its L2 norm
 # $\|g\| = \sqrt{\sum_i g_i^2}$, and if it exceeds `max_norm`, scale every gradient
-# by `max_norm / ‖g‖`. Scaling all of them by the same factor keeps the
-# **direction** of the step and shortens only its length (Pascanu et al., *On the
-# difficulty of training recurrent neural networks*, 2013). Clipping each
-# parameter separately would change the direction.
+# by `max_norm / (‖g‖ + 1e-6)` (the `+ 1e-6` is PyTorch's, so our numbers match
+# its; the clipped norm is a hair below `max_norm`). Scaling all of them by the
+# same factor keeps the **direction** of the step and shortens only its length
+# (Pascanu et al., *On the difficulty of training recurrent neural networks*,
+# 2013). Clipping each parameter separately would change the direction.
 #
 # Worked example: a gradient $(100, 200, 50)$ has norm $\sqrt{52500} \approx 229.1$;
 # clipped to norm 1 it becomes $(0.436, 0.873, 0.218)$ — same direction.

@@ -267,6 +267,9 @@ class FakeRank:
 
     def Allreduce(self, send, receive, op=None):
         self.calls.append(np.array(send, copy=True))
+        if self.others is not None and np.shape(send) != self.others.shape:
+            raise AssertionError(f"Allreduce: the other ranks send buffers of shape {self.others.shape}, rank "
+                                 f"{self.rank} sent one of shape {np.shape(send)}: {np.asarray(send).tolist()}")
         receive[...] = send + (0 if self.others is None else self.others)
 
     def Bcast(self, buffer, root=0):
@@ -298,9 +301,9 @@ def test_distributed_loader_shards(student):
                  "the labels each rank sees: shard_indices of the epoch's order")
 
 
-@check(points=2, hint="average_gradients: pack every existing gradient (and `extra` last) into ONE float32 buffer, "
-                      "one comm.Allreduce, then write each slice / world_size back into its gradient; return the "
-                      "summed extra")
+@check(points=2, hint="average_gradients: pack every existing gradient (a parameter whose grad is None is left out "
+                      "and keeps None) and `extra` last into ONE float32 buffer, one comm.Allreduce, then write each "
+                      "slice / world_size back into its gradient; return the summed extra")
 def test_average_gradients(student):
     a = tt.zeros((2, 3), requires_grad=True)
     b = tt.zeros(2, requires_grad=True)
