@@ -9,6 +9,7 @@ code fails). Each test checks one side of that contract.
 from __future__ import annotations
 
 import copy
+import operator
 import pickle
 from typing import Any, Callable
 
@@ -19,7 +20,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tinytrain.backend import NumpyBackend, backend_of_array, get_backend
-from tinytrain.testing.strict import StrictArray, StrictBackend
+from tinytrain.testing.strict import StrictArray, StrictBackend, host_reads
 
 strict = get_backend("strict")
 strict1 = get_backend("strict:1")
@@ -204,6 +205,25 @@ def test_scalar_results_stay_on_the_device_and_read_out_explicitly() -> None:
     assert float(total) == 10.5 and total.item() == 10.5 and f"{total:.1f}" == "10.5"
     assert int(a.argmax()) == 3 and [10, 20, 30, 40][a.argmax()] == 40
     assert bool(a[0, 0] > 1) and a.tolist() == [[1.5, 2.0], [3.0, 4.0]]
+
+
+@pytest.mark.parametrize("read", [bool, float, int, complex, operator.index, lambda a: f"{a:.2f}", repr, str,
+                                  lambda a: a.item(), lambda a: a.tolist(), strict.to_host])
+def test_every_read_to_the_host_is_counted_once(read: Callable[[StrictArray], Any]) -> None:
+    scalar = xp.asarray(np.float32(2.5)) if read is not operator.index else xp.asarray(np.int64(2))
+    before = host_reads()
+    read(scalar)
+    assert host_reads() - before == 1
+
+
+def test_work_on_the_device_reads_nothing() -> None:
+    before = host_reads()
+    a = strict.from_host(np.arange(6.0).reshape(2, 3))
+    b = (a * 2 + 1).sum(axis=0)
+    a[0] = b
+    assert (a.shape, len(a), a.dtype) == ((2, 3), 2, np.float64)
+    copy.deepcopy(pickle.loads(pickle.dumps(a)))
+    assert host_reads() == before
 
 
 @given(

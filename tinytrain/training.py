@@ -396,7 +396,8 @@ class Trainer(Resumable):
         previous mode. Accuracy compares the argmax of ``(N, C)`` outputs with
         integer targets (or with the argmax of one-hot targets); it is ``nan``
         when the outputs are not class scores. Both are Python floats (logs write
-        them as JSON), read from the device once, at the end. A loader that yields
+        them as JSON), added up on the device and read from it at the end, not per
+        batch (on a GPU every read waits for the device). A loader that yields
         no batches raises ``ValueError`` saying it yielded no batches.
         """
         _check_loader("dataloader", dataloader)

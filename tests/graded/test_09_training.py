@@ -16,6 +16,7 @@ import numpy as np
 import tinytrain as tt
 from tinytrain import nn, optim
 from tinytrain.data import DataLoader, TensorDataset
+from tinytrain.testing import strict
 from tinytrain.course.checks import check, expect_close, expect_equal, expect_raises
 
 RNG = np.random.default_rng(0)
@@ -505,3 +506,28 @@ def test_training_runs_on_another_device(student):
                  rtol=1e-5)
     expect_same_weights(strict[4], cpu[4], "weights trained on 'strict' vs on 'cpu'")
     expect_same_weights(strict[5], cpu[5], "gradients clipped on 'strict' vs on 'cpu'")
+
+
+@check(points=1, hint="keep host reads out of the loops (on a GPU each one waits for the device): _accumulate "
+                      "adds the losses up on the device and reads their sum once, after the loop (no .item() per "
+                      "micro-batch); evaluate adds its loss and hit count up on the device and reads them at the end",
+       after=("test_accumulation_equals_one_big_batch", "test_evaluate_modes_and_per_sample_means",
+              "test_training_runs_on_another_device"))
+def test_host_reads_stay_out_of_the_loops(student):
+    model = toy_model().to("strict")
+    # MSE on one-hot targets: a loss that reads nothing itself, so every read counted is the student's
+    trainer = student.Trainer(model, optim.SGD(model.parameters(), lr=0.1), nn.MSELoss())
+    one_hot = np.eye(3, dtype=np.float32)[Y[:60]]
+    batches = list(DataLoader(TensorDataset(X[:60], one_hot), batch_size=10, device="strict"))
+    for size in (1, 4):
+        before = strict.host_reads()
+        trainer._accumulate(batches[:size], model.parameters())
+        expect_equal(strict.host_reads() - before, 1, f"host reads in _accumulate over a window of {size} batches")
+    reads = {}
+    for size in (2, 6):
+        before = strict.host_reads()
+        trainer.evaluate(batches[:size])
+        reads[size] = strict.host_reads() - before
+    assert reads[2] == reads[6] <= 2, \
+        f"evaluate must read its sums once, at the end: expected at most 2 host reads for 2 and for 6 batches, " \
+        f"got {reads[2]} and {reads[6]}"

@@ -12,7 +12,8 @@ freely; NumPy functions and ufuncs dispatch to the device through the
 ``__array_function__`` / ``__array_ufunc__`` protocols; ``float()``, ``int()``,
 ``item()`` and ``tolist()`` read values out explicitly. Like CuPy, results that
 NumPy gives as scalars (``a.sum()``, ``a[i, j]``) stay 0-d device arrays, so they
-too must be read out explicitly.
+too must be read out explicitly. :func:`host_reads` counts those reads: on a GPU
+each one waits for the device, so tests can hold a hot path to the reads it promises.
 """
 from __future__ import annotations
 
@@ -27,6 +28,16 @@ from tinytrain.backend import DEFAULT_FLOAT, Backend
 
 # Values that may meet strict arrays anywhere, as CuPy allows (bool is an int).
 _SCALAR_TYPES = (int, float, complex, np.generic)
+
+_reads = 0  # values read out of strict arrays to the host so far (see host_reads)
+
+
+def host_reads() -> int:
+    """How many times values have been read from strict arrays to the host so far:
+    ``bool()``, ``float()``, ``int()``, ``item()``, ``tolist()``, formatting, printing
+    and ``backend.to_host``. Take the difference around the code under test."""
+    return _reads
+
 
 # ndarray attributes that hand out host memory (or write it out), so a strict
 # array cannot offer them without defeating its purpose.
@@ -206,29 +217,35 @@ class StrictArray(NDArrayOperatorsMixin):
         return (self[i] for i in range(len(self._array)))
 
     # -- explicit reads: NumPy's rules (size-1 for bool, 0-d for float/int) ----
+    def _read(self) -> np.ndarray:
+        """The NumPy array, for a read to the host: counted by :func:`host_reads`."""
+        global _reads
+        _reads += 1
+        return self._array
+
     def __bool__(self) -> bool:
-        return bool(self._array)
+        return bool(self._read())
 
     def __float__(self) -> float:
-        return float(self._array)
+        return float(self._read())
 
     def __int__(self) -> int:
-        return int(self._array)
+        return int(self._read())
 
     def __complex__(self) -> complex:
-        return complex(self._array)
+        return complex(self._read())
 
     def __index__(self) -> int:
-        return operator.index(self._array)
+        return operator.index(self._read())
 
     def __format__(self, spec: str) -> str:
-        return format(self._array, spec)
+        return format(self._read(), spec)
 
     def item(self, *args: Any) -> Any:
-        return self._array.item(*args)
+        return self._read().item(*args)
 
     def tolist(self) -> Any:
-        return self._array.tolist()
+        return self._read().tolist()
 
     # -- copies and printing ---------------------------------------------------
     def __copy__(self) -> StrictArray:
@@ -240,11 +257,11 @@ class StrictArray(NDArrayOperatorsMixin):
 
     def __repr__(self) -> str:
         prefix = "strict_array("
-        body = np.array2string(self._array, separator=", ", prefix=prefix)
+        body = np.array2string(self._read(), separator=", ", prefix=prefix)
         return f"{prefix}{body}, dtype={self._array.dtype}, device={self._device!r})"
 
     def __str__(self) -> str:
-        return str(self._array)
+        return str(self._read())
 
 
 class _StrictFunction:
@@ -342,7 +359,7 @@ class StrictBackend(Backend):
             else:
                 got = type(array).__name__
             raise TypeError(f"to_host of {self.device!r} takes a StrictArray of that device, got {got}")
-        return array._array.copy(order="A")  # like CuPy's asnumpy(order="A"): column-major stays so
+        return array._read().copy(order="A")  # like CuPy's asnumpy(order="A"): column-major stays so
 
     def scatter_add(self, target: StrictArray, index: Any, values: Any) -> None:
         self.xp.add.at(target, index, values)
