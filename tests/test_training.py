@@ -780,3 +780,30 @@ def test_fit_by_steps_stops_when_every_step_is_skipped() -> None:
     with pytest.raises(FloatingPointError, match="100 steps in a row were skipped .* never reach step 5"):
         trainer.fit(train, max_steps=5, progress=False)
     assert trainer.step == 0 and trainer.skipped_steps == 100
+
+
+@pytest.mark.parametrize("layers", [1, 6])
+@pytest.mark.parametrize("clip, precision, reads_per_step", [
+    (None, "32-true", 1),  # the window's loss, read once after its micro-batches
+    (1.0, "32-true", 2),  # + the global gradient norm: one partial sum per device
+    (None, "16-mixed", 2),  # + the loss scaler's overflow check: one read for all gradients
+    (1.0, "16-mixed", 3),
+])
+def test_host_reads_per_step_do_not_grow_with_micro_batches_or_parameters(layers, clip, precision, reads_per_step):
+    """On a GPU every read to the host waits for the device: the strict device counts them. A step
+    of two micro-batches reads what it must, once each, whatever the number of parameters.
+    (MSE on one-hot targets: cross-entropy's class-index check reads once per batch besides.)"""
+    from tinytrain.testing import strict
+
+    tt.manual_seed(0)
+    model = nn.Sequential(*[nn.Sequential(nn.Linear(6, 6), nn.Tanh()) for _ in range(layers)],
+                          nn.Linear(6, 3)).to("strict")
+    trainer = Trainer(model, tt.optim.SGD(model.parameters(), lr=0.1), nn.MSELoss(), grad_clip_norm=clip,
+                      precision=precision)
+    rng = np.random.default_rng(0)
+    one_hot = np.eye(3, dtype=np.float32)[rng.integers(0, 3, 60)]
+    data = TensorDataset(rng.standard_normal((60, 6)).astype(np.float32), one_hot)
+    before = strict.host_reads()
+    trainer.train_epoch(DataLoader(data, batch_size=10, device="strict"), accumulation_steps=2)
+    assert trainer.step == 3 and trainer.skipped_steps == 0
+    assert strict.host_reads() - before == 3 * reads_per_step
