@@ -9,6 +9,7 @@ import pytest
 import tinytrain as tt
 from tinytrain import nn
 from tinytrain.data import DataLoader, TensorDataset
+from tinytrain.testing.strict import host_reads
 from tinytrain.training import Trainer, clip_grad_norm, memory_report, plot_history
 
 RNG = np.random.default_rng(0)
@@ -793,8 +794,6 @@ def test_host_reads_per_step_do_not_grow_with_micro_batches_or_parameters(layers
     """On a GPU every read to the host waits for the device: the strict device counts them. A step
     of two micro-batches reads what it must, once each, whatever the number of parameters.
     (MSE on one-hot targets: cross-entropy's class-index check reads once per batch besides.)"""
-    from tinytrain.testing import strict
-
     tt.manual_seed(0)
     model = nn.Sequential(*[nn.Sequential(nn.Linear(6, 6), nn.Tanh()) for _ in range(layers)],
                           nn.Linear(6, 3)).to("strict")
@@ -803,7 +802,7 @@ def test_host_reads_per_step_do_not_grow_with_micro_batches_or_parameters(layers
     rng = np.random.default_rng(0)
     one_hot = np.eye(3, dtype=np.float32)[rng.integers(0, 3, 60)]
     data = TensorDataset(rng.standard_normal((60, 6)).astype(np.float32), one_hot)
-    before = strict.host_reads()
+    before = host_reads()
     trainer.train_epoch(DataLoader(data, batch_size=10, device="strict"), accumulation_steps=2)
     assert trainer.step == 3 and trainer.skipped_steps == 0
-    assert strict.host_reads() - before == 3 * reads_per_step
+    assert host_reads() - before == 3 * reads_per_step

@@ -16,7 +16,7 @@ import numpy as np
 import tinytrain as tt
 from tinytrain import nn, optim
 from tinytrain.data import DataLoader, TensorDataset
-from tinytrain.testing import strict
+from tinytrain.testing.strict import host_reads
 from tinytrain.course.checks import check, expect_close, expect_equal, expect_raises
 
 RNG = np.random.default_rng(0)
@@ -520,14 +520,14 @@ def test_host_reads_stay_out_of_the_loops(student):
     one_hot = np.eye(3, dtype=np.float32)[Y[:60]]
     batches = list(DataLoader(TensorDataset(X[:60], one_hot), batch_size=10, device="strict"))
     for size in (1, 4):
-        before = strict.host_reads()
+        before = host_reads()
         trainer._accumulate(batches[:size], model.parameters())
-        expect_equal(strict.host_reads() - before, 1, f"host reads in _accumulate over a window of {size} batches")
+        expect_equal(host_reads() - before, 1, f"host reads in _accumulate over a window of {size} batches")
     reads = {}
     for size in (2, 6):
-        before = strict.host_reads()
+        before = host_reads()
         trainer.evaluate(batches[:size])
-        reads[size] = strict.host_reads() - before
+        reads[size] = host_reads() - before
     assert reads[2] == reads[6] <= 2, \
         f"evaluate must read its sums once, at the end: expected at most 2 host reads for 2 and for 6 batches, " \
         f"got {reads[2]} and {reads[6]}"
