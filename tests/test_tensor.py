@@ -319,15 +319,21 @@ def test_a_negative_size_raises_naming_it():
 
 
 @pytest.mark.parametrize(
-    "args, expected",
-    [((0, 5, 2), [0, 2, 4]), ((5,), [0, 1, 2, 3, 4]), ((2, 5), [2, 3, 4]), ((0, 1, 0.25), [0, 0.25, 0.5, 0.75])],
+    "args, kwargs, expected",
+    [((0, 5, 2), {}, [0, 2, 4]), ((5,), {}, [0, 1, 2, 3, 4]), ((2, 5), {}, [2, 3, 4]),
+     ((0, 1, 0.25), {}, [0, 0.25, 0.5, 0.75]), ((5,), {"step": 2}, [0, 2, 4]), ((5, 0), {"step": -2}, [5, 3, 1])],
     ids=repr,
 )
-def test_arange(device, canonical_device, args, expected):
-    t = tt.arange(*args, device=device)
+def test_arange(device, canonical_device, args, kwargs, expected):
+    t = tt.arange(*args, **kwargs, device=device)  # a lone bound with step= used to ignore the step
     assert t.device == canonical_device
     assert t.dtype == (np.float32 if isinstance(args[-1], float) else np.int64)
     assert_values(t, expected)
+
+
+def test_arange_with_a_zero_step_raises_naming_it(device):
+    with pytest.raises(ValueError, match=r"arange: step must not be 0, got start=0, stop=5, step=0"):
+        tt.arange(0, 5, 0, device=device)  # NumPy said only 'division by zero'
 
 
 @pytest.mark.parametrize("axis", [0, 1, -1])

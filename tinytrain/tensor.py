@@ -407,10 +407,13 @@ def rand(*shape: Any, dtype: Any = None, device: Any = None, requires_grad: bool
 
 
 def arange(start: float, stop: float | None = None, step: float = 1, dtype: Any = None, device: Any = None) -> Tensor:
-    """Evenly spaced values in [start, stop), like ``numpy.arange`` (ints stay int64)."""
-    backend = get_backend(device)
-    array = backend.xp.arange(start, stop, step) if stop is not None else backend.xp.arange(start)
-    return Tensor(array, dtype=dtype)
+    """Evenly spaced values in [start, stop), like ``numpy.arange`` (ints stay int64).
+
+    With one bound, ``arange(stop, step=...)`` counts from 0. A zero ``step`` raises ``ValueError``.
+    """
+    if step == 0:
+        raise ValueError(f"arange: step must not be 0, got start={start!r}, stop={stop!r}, step={step!r}")
+    return Tensor(get_backend(device).xp.arange(start, stop, step), dtype=dtype)  # stop=None: start is the stop
 
 
 def _some_tensors(function: str, tensors: Sequence[Tensor]) -> list[Tensor]:
