@@ -256,14 +256,29 @@ def test_a_check_that_needs_a_failing_one_names_it_instead_of_its_hint(tmp_path:
     first, second, third = report.checks
     assert first.outcome == second.outcome == "failed" and third.outcome == "passed"
     assert first.blocked_by == [] and second.blocked_by == ["test_relu"] and third.blocked_by == []
-    assert first.message == ("AssertionError: relu of [-1]: expected [1.] (shape (1,), float64), got [0.] "
-                             "(shape (1,), float32) (1 of 1 differ; largest difference 1 at [0])")
+    assert first.message == ("AssertionError: relu of [-1]: 1 of 1 differ; largest difference 1 at [0] (expected 1, "
+                             "got 0); expected [1.] (shape (1,), float64), got [0.] (shape (1,), float32)")
     from tinytrain.course.cli import _print_report
 
     _print_report(report)
     out = capsys.readouterr().out
     assert "hint: relu keeps positives" in out and "fails because relu fails: fix that first" in out
     assert "a hint that would mislead" not in out
+
+
+def test_a_mismatch_in_a_stack_of_matrices_keeps_its_summary_and_both_arrays_in_the_report(tmp_path: Path) -> None:
+    """A (2, 5, 16) block output: the report used to end inside the expected array, before 'got' and the summary."""
+    _graded_file(
+        tmp_path, "test_03_activations.py",
+        "import numpy as np\nfrom tinytrain.course.checks import check, expect_close\n\n"
+        "@check(points=1, hint='h')\ndef test_block(student):\n    student.relu\n"
+        "    want = np.random.default_rng(0).standard_normal((2, 5, 16))\n    got = want.copy()\n"
+        "    got[1, 2, 3] += 0.5\n    expect_close(got, want, 'Block(x)')\n"
+    )
+    message = grading.grade("03_activations", tmp_path).checks[0].message
+    assert message.startswith("AssertionError: Block(x): 1 of 160 differ; largest difference 0.5 at [1, 2, 3] "
+                              "(expected -0.75837, got -0.25837); expected [[[ 0.12573"), message
+    assert "got [[[ 0.12573" in message and message.endswith("(shape (2, 5, 16), float64)"), message
 
 
 def test_expectations_say_what_was_expected_and_what_came_out() -> None:
@@ -273,7 +288,8 @@ def test_expectations_say_what_was_expected_and_what_came_out() -> None:
         (lambda: expect_close(np.zeros((2, 3)), np.zeros((3, 2)), "the gradient"),
          "the gradient: expected shape (3, 2), got shape (2, 3)"),
         (lambda: expect_close(np.zeros(2), np.zeros(2), "out", dtype="float32"), "out: expected dtype float32, got float64"),
-        (lambda: expect_close([1.0, np.nan], [1.0, 2.0], "x"), "1 of 2 differ"),
+        (lambda: expect_close([1.0, np.nan], [1.0, 2.0], "x"), "x: 1 of 2 differ; largest difference nan at [1] "
+                                                                 "(expected 2, got nan)"),
         (lambda: expect_close(float("inf"), 1e21, "the norm"), "the norm: expected 1.e+21 (shape (), float64), got inf"),  # a scalar
         (lambda: expect_equal(3, 4, "the step count"), "the step count: expected 4, got 3"),
         (lambda: expect_raises(ValueError, lambda: 5, "Linear(2.5, 3)"), "Linear(2.5, 3): expected ValueError, but it returned 5"),

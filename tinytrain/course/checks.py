@@ -25,7 +25,8 @@ test file (``from tinytrain.autograd import Function as InstalledFunction``).
 **Messages a student can act on.** A failing check says what was expected and
 what the student's code produced, as the notebooks' inline checks do. Use the
 ``expect_*`` helpers below (``expect_close(got, want, "relu of [-1, 2]")`` says
-"relu of [-1, 2]: expected [0. 2.], got [-1. 2.] (largest difference 1 at [0])"),
+"relu of [-1, 2]: 1 of 2 differ; largest difference 1 at [0] (expected 0, got -1);
+expected [0. 2.], got [-1. 2.]"),
 or ``assert condition, "message naming expected and got"``. A check that can only
 pass once another passes names it: ``@check(..., after="test_accumulation")``;
 when both fail, the report blames the first and not this one.
@@ -88,9 +89,17 @@ def _host(value: Any) -> Any:
 
 def _show(value: Any) -> str:
     if isinstance(value, np.ndarray):
-        text = np.array2string(value, precision=5, threshold=12, edgeitems=3, max_line_width=100)
+        # Two rows and columns from each edge of a matrix or stack keep both arrays of a report on a screen.
+        edges = 3 if value.ndim <= 1 else 2
+        text = np.array2string(value, precision=5, threshold=12, edgeitems=edges, max_line_width=100)
         return f"{text} (shape {value.shape}, {value.dtype})"
     return repr(value)
+
+
+def _number(value: Any) -> str:
+    """One array element, as a plain number."""
+    value = value.item()
+    return f"{value:.6g}" if isinstance(value, float) else str(value)
 
 
 def expect_equal(got: Any, expected: Any, what: str) -> None:
@@ -119,13 +128,16 @@ def expect_close(got: Any, expected: Any, what: str, rtol: float = 1e-5, atol: f
         raise AssertionError(f"{what}: expected numbers, got {_show(got_values)}")
     wrong = ~np.isclose(got_values, expected_values, rtol=rtol, atol=atol, equal_nan=True)
     if wrong.any():
+        both = f"expected {_show(expected_values)}, got {_show(got_values)}"
+        if got_values.ndim == 0:
+            raise AssertionError(f"{what}: {both}")
         difference = np.asarray(np.abs(got_values.astype(np.float64) - expected_values.astype(np.float64)))
         difference[~wrong] = 0
         where = np.unravel_index(np.nanargmax(np.where(np.isnan(difference), np.inf, difference)), difference.shape)
-        at = f" at {list(map(int, where))}" if got_values.ndim else ""
-        raise AssertionError(f"{what}: expected {_show(expected_values)}, got {_show(got_values)} "
-                             f"({int(wrong.sum())} of {wrong.size} differ; largest difference "
-                             f"{difference[where]:.3g}{at})")
+        # The summary first: a report cuts a long message at its end, and the worst element says the most.
+        raise AssertionError(f"{what}: {int(wrong.sum())} of {wrong.size} differ; largest difference "
+                             f"{difference[where]:.3g} at {list(map(int, where))} (expected "
+                             f"{_number(expected_values[where])}, got {_number(got_values[where])}); {both}")
 
 
 def expect_raises(exception: type[BaseException], call: Callable[[], Any], what: str,

@@ -142,7 +142,7 @@ def _failure_message(report: Any) -> str:
         kept = lines[:3]
     else:
         kept = [" ".join(lines[:introspection])]
-    return " | ".join(kept)[:700]
+    return " | ".join(kept)[:1000]  # expect_close's summary comes first, then both arrays: a stack of matrices fits
 
 
 def _skip_reason(report: Any) -> str:
