@@ -59,6 +59,8 @@ class TensorDataset(Dataset):
     Raises ``ValueError``, with a message that says what is wrong, when there is
     no array, when an array has no first dimension (naming its position in
     ``arrays``, counted from 0), or when the first dimensions differ (naming the lengths).
+    Keeps the arrays, in host memory, as the tuple ``self.arrays`` (what the given
+    ``__len__`` and ``__repr__`` read).
     """
 
     def __init__(self, *arrays: Any) -> None:
@@ -136,6 +138,8 @@ def collate(samples: Sequence[Any]) -> Any:
     Samples that are tuples (or lists) of fields give a tuple with one stacked
     array per field: ``[(x0, y0), (x1, y1)] -> (stack([x0, x1]), stack([y0, y1]))``.
     Any other sample (an array, a number, a tensor) gives one stacked array.
+    Every field goes through ``_host_array`` before stacking, so tensors give
+    numbers in host memory (``np.stack`` of tensors gives an array of objects).
     A list of one sample gives a batch of one (the last batch of an epoch may be one).
     The given first line checks that all samples are alike (the same fields, of the
     same shapes) and raises ``ValueError`` naming the first that is not.

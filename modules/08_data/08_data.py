@@ -127,6 +127,8 @@ class TensorDataset(Dataset):
     Raises ``ValueError``, with a message that says what is wrong, when there is
     no array, when an array has no first dimension (naming its position in
     ``arrays``, counted from 0), or when the first dimensions differ (naming the lengths).
+    Keeps the arrays, in host memory, as the tuple ``self.arrays`` (what the given
+    ``__len__`` and ``__repr__`` read).
     """
 
     def __init__(self, *arrays: Any) -> None:
@@ -241,7 +243,9 @@ print("batch_indices OK")
 # tuples `(x, y)`, stack all the `x`s into one array and all the `y`s into
 # another. `np.stack` adds the new batch dimension in front:
 # `B` arrays of shape `(1, 8, 8)` become one array of shape `(B, 1, 8, 8)`;
-# `B` integer labels become an array of shape `(B,)`.
+# `B` integer labels become an array of shape `(B,)`. A field that is a tensor
+# goes to host memory first, through the given `_host_array`: `np.stack` of
+# tensors would make an array of Python objects (each a 0-d tensor), not a batch.
 
 # %% export="data"
 def _shapes(sample: Any) -> Any:
@@ -271,6 +275,8 @@ def collate(samples: Sequence[Any]) -> Any:
     Samples that are tuples (or lists) of fields give a tuple with one stacked
     array per field: ``[(x0, y0), (x1, y1)] -> (stack([x0, x1]), stack([y0, y1]))``.
     Any other sample (an array, a number, a tensor) gives one stacked array.
+    Every field goes through ``_host_array`` before stacking, so tensors give
+    numbers in host memory (``np.stack`` of tensors gives an array of objects).
     A list of one sample gives a batch of one (the last batch of an epoch may be one).
     The given first line checks that all samples are alike (the same fields, of the
     same shapes) and raises ``ValueError`` naming the first that is not.
@@ -288,6 +294,7 @@ def collate(samples: Sequence[Any]) -> Any:
 xs, ys = collate([(np.zeros((1, 2)), 3), (np.ones((1, 2)), 5)])
 assert xs.shape == (2, 1, 2) and np.array_equal(ys, [3, 5])
 assert collate([np.arange(3), np.arange(3)]).shape == (2, 3)
+assert collate([tt.tensor([1.0]), tt.tensor([2.0])]).dtype == np.float32, "tensors go through _host_array"
 print("collate OK")
 
 # %% [markdown]

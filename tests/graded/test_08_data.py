@@ -82,8 +82,9 @@ def test_tensor_dataset_refuses_mismatched_lengths(student):
                   mentions=("10", "7"))
     expect_raises(ValueError, lambda: student.TensorDataset(X, Y, Y, np.float64(2.5)),
                   "TensorDataset(X, Y, Y, 2.5) (array 3 has no first dimension)", mentions=("3",))
-    expect_raises(ValueError, lambda: student.TensorDataset(X, 7), "TensorDataset(X, 7) (array 1 has no first "
-                  "dimension)", mentions=("1",))
+    # 4 rows, not X's 10: a message that names only the length 10 also contains "1"
+    expect_raises(ValueError, lambda: student.TensorDataset(X[:4], 7), "TensorDataset(X[:4], 7) (array 1 has no "
+                  "first dimension)", mentions=("1",))
     error = expect_raises(ValueError, lambda: student.TensorDataset(), "TensorDataset() (no array)")
     assert str(error).strip(), "TensorDataset() (no array): expected a ValueError that says what is wrong, got an " \
                                "empty message"
@@ -108,7 +109,8 @@ def test_batch_indices(student):
 
 @check(points=1, hint="collate: for tuple (or list) samples, stack field k of every sample into one array "
                       "(np.stack adds the batch axis in front); other samples are stacked directly; a single "
-                      "sample is a batch of one")
+                      "sample is a batch of one; every field goes through the given _host_array first, since "
+                      "np.stack of tensors gives an array of objects")
 def test_collate(student):
     xs, ys = student.collate([(np.zeros((1, 2)), 3), (np.ones((1, 2)), 5), (np.full((1, 2), 2.0), 7)])
     expect_equal(xs, np.array([[[0.0, 0.0]], [[1.0, 1.0]], [[2.0, 2.0]]]), "collate of 3 (x, y) samples: the xs")
@@ -258,7 +260,8 @@ def test_token_windows_count(student):
 
 
 @check(points=2, hint="__getitems__: positions = indices[:, None] * stride + np.arange(context); inputs are "
-                      "tokens[positions], targets tokens[positions + 1] (the inputs shifted by one token)")
+                      "tokens[positions], targets tokens[positions + 1] (the inputs shifted by one token), both "
+                      "in the tokens' own dtype (no cast)")
 def test_token_windows_batches(student):
     for context, stride in ((3, 1), (4, 2), (3, 3)):
         windows = student.TokenWindows(STREAM, context, stride)

@@ -106,6 +106,11 @@ def expect_equal(got: Any, expected: Any, what: str) -> None:
     """``got == expected`` (arrays and tensors: same shape and values), or an AssertionError saying both."""
     got_values, expected_values = _host(got), _host(expected)
     if isinstance(got_values, np.ndarray) or isinstance(expected_values, np.ndarray):
+        # An array of Python objects (np.stack of tensors, say) compares equal element by element but is no batch.
+        objects = [np.asarray(v).dtype == object for v in (got_values, expected_values)]
+        if objects[0] and not objects[1]:
+            raise AssertionError(f"{what}: expected an array of numbers {_show(expected_values)}, got an array of "
+                                 f"Python objects {_show(got_values)}")
         same = np.shape(got_values) == np.shape(expected_values) and np.array_equal(got_values, expected_values)
     else:
         same = got_values == expected_values
