@@ -155,6 +155,9 @@ class ModelCheckpoint(Callback):
     def _prune(self, current: int) -> None:
         """Delete the epoch files up to ``current`` that are neither among the newest nor every-K-th.
 
+        ``epochs`` lists the epochs of those files, oldest first. Set ``keep``, the
+        set of epochs to keep: the ``keep_last`` newest, and every multiple of
+        ``every`` (when it is set); the given loop deletes the others.
         Files of later epochs (left by a run that was resumed from an earlier
         checkpoint) are not touched: this run overwrites them when it gets there.
         """
@@ -223,8 +226,14 @@ class EarlyStopping(Callback):
     """Stop ``fit`` when ``monitor`` has not improved by more than ``min_delta`` for
     ``patience`` epochs in a row (``mode`` "min", "max" or "auto").
 
-    With ``restore_best=True`` the model gets the weights of its best epoch back
-    when ``fit`` ends.
+    After each epoch: when the monitored value improves on ``best`` (the given
+    ``_improves``), ``best`` becomes that value, ``best_epoch`` the epoch
+    (``trainer.epoch``) and ``wait`` 0 -- so with ``min_delta`` an epoch that beats
+    ``best`` by less does not move it. Otherwise ``wait`` grows by one, and when it
+    reaches ``patience`` the callback sets ``trainer.stop_training = True`` and
+    ``stopped_epoch`` to the epoch. With ``restore_best=True`` every improvement also
+    keeps a copy of the weights (``trainer.model.state_dict()``) in ``_best_weights``,
+    and the model gets them back when ``fit`` ends.
     """
 
     def __init__(self, monitor: str = "eval_loss", patience: int = 5, min_delta: float = 0.0, mode: str = "auto",

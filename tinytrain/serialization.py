@@ -46,7 +46,11 @@ def to_plain(value: Any, where: str = "state") -> Any:
     Raises :class:`CheckpointError` naming the path (``where``) of the first value
     that is none of: ``None``, bool, int, float, str, list, tuple, dict with str or
     int keys, NumPy array (not of dtype object), tensor or device array; for a dict
-    key of another type, the error names the dict's path and the key.
+    key of another type, the error names the dict's path and the key. A path reads
+    like the index expression that reaches the value: ``state['model']['layer']``
+    for dict keys (their ``repr``), ``state['a'][1]`` for a list's or tuple's items.
+    A NumPy array is plain data as it is; only other arrays ask ``backend_of_array``
+    which device holds them.
     """
     if isinstance(value, np.ndarray) and type(value) is not np.ndarray:
         value = np.asarray(value)  # np.memmap, np.matrix, masked arrays: their class could not be loaded back

@@ -134,7 +134,11 @@ def to_plain(value: Any, where: str = "state") -> Any:
     Raises :class:`CheckpointError` naming the path (``where``) of the first value
     that is none of: ``None``, bool, int, float, str, list, tuple, dict with str or
     int keys, NumPy array (not of dtype object), tensor or device array; for a dict
-    key of another type, the error names the dict's path and the key.
+    key of another type, the error names the dict's path and the key. A path reads
+    like the index expression that reaches the value: ``state['model']['layer']``
+    for dict keys (their ``repr``), ``state['a'][1]`` for a list's or tuple's items.
+    A NumPy array is plain data as it is; only other arrays ask ``backend_of_array``
+    which device holds them.
     """
     if isinstance(value, np.ndarray) and type(value) is not np.ndarray:
         value = np.asarray(value)  # np.memmap, np.matrix, masked arrays: their class could not be loaded back
@@ -195,7 +199,8 @@ print("to_plain OK")
 #    disk and not only in the operating system's cache;
 # 3. `os.replace(temporary, path)`: an atomic rename. Any reader sees the old file
 #    or the new one, never a mix;
-# 4. on any error, delete the temporary file and re-raise.
+# 4. on any exception, delete the temporary file and re-raise. *Any* includes
+#    Ctrl-C: `KeyboardInterrupt` is not an `Exception`, so catch `BaseException`.
 #
 # (Strictly, the directory entry should be fsynced too for the rename to survive
 # a power cut; we do that where the OS allows it. A process killed before its
@@ -466,9 +471,12 @@ def _refuse_non_plain_data(path: Path, state: dict[str, Any]) -> None:
 # ### Every random state
 #
 # Python's `random.getstate()` and NumPy's `np.random.get_state(legacy=False)`
-# return plain data (a tuple of integers; a dict with an array). Each tinytrain
+# return plain data: a tuple `(version, <a tuple of 625 integers>, None)`, and a
+# dict with an array. A file stores tuples as lists (`to_plain`), and
+# `random.setstate` takes only tuples: turn them back when you restore. Each tinytrain
 # backend keeps its own generator (Module 01) and reports its state with
-# `rng_state()`. Save them all by device name; to restore, `get_backend(name)`
+# `rng_state()`. Save them all by device name (`backend.device`: `"cpu"`,
+# `"strict:0"`); to restore, `get_backend(name)`
 # (which creates a backend that this new process has not used yet) and set its
 # state. A backend that cannot report its state yet (its `rng_state()` raises
 # `NotImplementedError`, as CuPy's does until Module 12) is skipped with a warning
@@ -724,7 +732,7 @@ class Trainer(Resumable, Trainer):
 # Now the proof that the checkpoint holds everything. Train a small network with
 # dropout on shuffled batches for 4 epochs straight. Then do it again in two
 # halves: 2 epochs, save, throw everything away, build a *new* model, optimizer
-# and loader (with a different seed, to be sure nothing is inherited), load, and
+# and loader (after `tt.manual_seed(999)`, to be sure nothing is inherited), load, and
 # train the last 2 epochs. The weights must be identical to the last bit —
 # `np.array_equal`, not `allclose`. (The tests do the second half in a separate
 # Python process.)
@@ -965,6 +973,9 @@ class ModelCheckpoint(Callback):
     def _prune(self, current: int) -> None:
         """Delete the epoch files up to ``current`` that are neither among the newest nor every-K-th.
 
+        ``epochs`` lists the epochs of those files, oldest first. Set ``keep``, the
+        set of epochs to keep: the ``keep_last`` newest, and every multiple of
+        ``every`` (when it is set); the given loop deletes the others.
         Files of later epochs (left by a run that was resumed from an earlier
         checkpoint) are not touched: this run overwrites them when it gets there.
         """
@@ -1035,8 +1046,14 @@ class EarlyStopping(Callback):
     """Stop ``fit`` when ``monitor`` has not improved by more than ``min_delta`` for
     ``patience`` epochs in a row (``mode`` "min", "max" or "auto").
 
-    With ``restore_best=True`` the model gets the weights of its best epoch back
-    when ``fit`` ends.
+    After each epoch: when the monitored value improves on ``best`` (the given
+    ``_improves``), ``best`` becomes that value, ``best_epoch`` the epoch
+    (``trainer.epoch``) and ``wait`` 0 -- so with ``min_delta`` an epoch that beats
+    ``best`` by less does not move it. Otherwise ``wait`` grows by one, and when it
+    reaches ``patience`` the callback sets ``trainer.stop_training = True`` and
+    ``stopped_epoch`` to the epoch. With ``restore_best=True`` every improvement also
+    keeps a copy of the weights (``trainer.model.state_dict()``) in ``_best_weights``,
+    and the model gets them back when ``fit`` ends.
     """
 
     def __init__(self, monitor: str = "eval_loss", patience: int = 5, min_delta: float = 0.0, mode: str = "auto",

@@ -177,7 +177,13 @@ def test_rng_state_round_trip(student, tmp_path):
                 tt.randn(4, device="strict").numpy())
     tt.manual_seed(123)  # scramble everything
     random.random(), np.random.rand()
-    student.restore_rng_state(student.read_checkpoint(tmp_path / "rng.ckpt")["rng"])
+    state = student.read_checkpoint(tmp_path / "rng.ckpt")["rng"]
+    try:
+        student.restore_rng_state(state)
+    except TypeError as error:
+        raise AssertionError(f"restore_rng_state of a state read from a file: expected it to restore, got "
+                             f"TypeError: {error} (the file holds lists where random.getstate() gave tuples: "
+                             f"{type(state['python']).__name__} {type(state['python'][1]).__name__})") from None
     again = (random.random(), np.random.standard_normal(), np.random.rand(), tt.randn(4).numpy(),
              tt.randn(4, device="strict").numpy())
     expect_equal(again[0], expected[0], "Python's random.random() after restoring")
@@ -295,12 +301,14 @@ def test_model_checkpoint_keeps_the_right_files(student, tmp_path):
 
 def run_early_stopping(callback, values, monitor="eval_loss", model=None):
     """Feed ``values`` to ``callback.on_epoch_end`` epoch by epoch until it stops; the fake trainer."""
-    trainer = SimpleNamespace(epoch=0, stop_training=False, model=nn.Linear(2, 1) if model is None else model)
+    trainer = SimpleNamespace(epoch=0, step=0, stop_training=False, model=nn.Linear(2, 1) if model is None else model)
     for value in values:
         trainer.epoch += 1
+        trainer.step += 10
         for p in trainer.model.parameters():  # this epoch's weights: every value is the epoch number
             p.data[...] = trainer.epoch
-        callback.on_epoch_end(trainer, {monitor: value})
+        # the Trainer's logs: the epoch's number is both logs["epoch"] and trainer.epoch
+        callback.on_epoch_end(trainer, {"epoch": trainer.epoch, "step": trainer.step, monitor: value})
         if trainer.stop_training:
             break
     return trainer
