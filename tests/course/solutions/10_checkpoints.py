@@ -113,11 +113,11 @@ class ModelCheckpoint:
 class EarlyStopping:
     def on_epoch_end(self, trainer, logs):
         if _improves(value, self.best, self.mode, self.min_delta):
-            self.best, self.best_epoch, self.wait = value, trainer.epoch, 0
+            self.best, self.best_epoch, self.wait = value, logs["epoch"], 0
             if self.restore_best:
                 self._best_weights = trainer.model.state_dict()
         else:
             self.wait += 1
             if self.wait >= self.patience:
-                self.stopped_epoch = trainer.epoch
+                self.stopped_epoch = logs["epoch"]
                 trainer.stop_training = True
