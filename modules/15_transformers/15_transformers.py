@@ -242,7 +242,10 @@ print(block.__class__.__name__, "OK")
 #   x \leftarrow \mathrm{block}_\ell(x)\ (\ell = 1..L), \quad
 #   \mathrm{logits} = \mathrm{lm\_head}(\mathrm{ln\_f}(x)),$$
 #
-# with dropout (`drop`) after the embeddings. `ln_f` is needed because pre-LN
+# with dropout (`drop`) after the embeddings: `drop(wte[idx] + wpe[0..T-1])`.
+# Mind that `wpe` (Module 14's `LearnedPositionalEncoding`) *adds* its table to
+# what it is given: `self.wpe(x)` is already $x + \mathrm{wpe}[0..T-1]$, so the sum
+# is `self.wpe(self.wte(idx))`. `ln_f` is needed because pre-LN
 # blocks leave the stream un-normalised. `lm_head` is a `Linear(C, V)` without
 # bias that maps each position's vector to a score per token.
 #
@@ -308,7 +311,8 @@ class GPT(Module):
 
     def init_weights(self) -> None:
         """GPT-2's initialisation: every Linear weight, ``wte.weight`` and ``wpe.weight`` ~ N(0, 0.02²)
-        (``normal_``), every Linear bias 0; but each block's ``attn.c_proj.weight`` and
+        (``normal_``), every Linear bias 0 (a model built with ``bias=False`` has ``bias`` None:
+        nothing to set); but each block's ``attn.c_proj.weight`` and
         ``mlp.c_proj.weight`` ~ N(0, (0.02 / sqrt(2 * n_layer))²). LayerNorms keep ones and zeros."""
         ### BEGIN SOLUTION
         for module in self.modules():
@@ -404,6 +408,9 @@ assert logits.shape == (2, 6, 13)
 logits, loss = model(idx[:, :-1], targets=tt.tensor(idx[:, 1:]))
 want = tt.nn.functional.cross_entropy(logits.reshape(-1, 13), tt.tensor(idx[:, 1:].reshape(-1)))
 assert np.isclose(loss.item(), want.item()), "mean cross-entropy over all B*T positions"
+x = model.wte(tt.tensor(idx[:, :-1])) + model.wpe.weight[:5]  # dropout is 0 here
+assert np.allclose(logits.numpy(), model.lm_head(model.ln_f(model.run_blocks(x))).numpy(), atol=1e-6), \
+    "logits = lm_head(ln_f(blocks(wte[idx] + wpe[0..T-1]))): wpe(x) already adds its table to x"
 assert abs(loss.item() - math.log(13)) < 0.2, "at initialisation the loss is about log(V)"
 print(f"GPT OK: loss at initialisation {loss.item():.3f}, log V = {math.log(13):.3f}")
 
@@ -423,8 +430,9 @@ print(f"GPT OK: loss at initialisation {loss.item():.3f}, log V = {math.log(13):
 # Models*; nanoGPT's `estimate_mfu`): a matrix-vector product with a weight of
 # $n$ numbers is $2n$ floating-point operations, and the backward pass costs
 # twice the forward (one product for the input's gradient, one for the
-# weight's). So training costs $6N$ per token for the $N$ weights it multiplies
-# by (all but the position table, which is only added). Attention adds, per layer
+# weight's). So training costs about $6N$ per token, $N$ the parameters except
+# the position table (which is only added; the biases and LayerNorms that $N$
+# still counts are a small share, and nanoGPT counts them too). Attention adds, per layer
 # and token, $QK^\top$ and the weighted sum of values over $T$ positions:
 # $2 \cdot 2TC$ forward, $12TC$ with backward:
 #
@@ -480,8 +488,10 @@ print(f"GPT-2 small: {gpt_num_parameters(gpt2) / 1e6:.1f} M parameters, "
 # Example: $z = (2, 1, 0)$, $\tau = 1$: $p = (0.665, 0.245, 0.090)$; with
 # $k = 2$: $(0.731, 0.269, 0)$; with $\tau = 0$: $(1, 0, 0)$.
 #
-# `next_token_probs` works on the last position's logits, $(B, V)$, without a
-# graph (it runs under `no_grad`); `xp = logits._backend.xp` is the array
+# `next_token_probs` works on the last position's logits, $(B, V)$. It needs no
+# graph: its caller (`generate`) runs it under `no_grad`, and working on the
+# arrays is simplest. Take the softmax stably, as in Module 03 (subtract each
+# row's maximum before `exp`). `xp = logits._backend.xp` is the array
 # library (`xp.sort`, `xp.where`, `xp.argmax`…) if you want it, and
 # `Tensor._make(array, logits._backend)` wraps an array back into a tensor.
 # `sample(probs)` (given) then draws one id per row: a uniform $u$ per row from

@@ -174,7 +174,8 @@ class GPT(Module):
 
     def init_weights(self) -> None:
         """GPT-2's initialisation: every Linear weight, ``wte.weight`` and ``wpe.weight`` ~ N(0, 0.02²)
-        (``normal_``), every Linear bias 0; but each block's ``attn.c_proj.weight`` and
+        (``normal_``), every Linear bias 0 (a model built with ``bias=False`` has ``bias`` None:
+        nothing to set); but each block's ``attn.c_proj.weight`` and
         ``mlp.c_proj.weight`` ~ N(0, (0.02 / sqrt(2 * n_layer))²). LayerNorms keep ones and zeros."""
         for module in self.modules():
             if isinstance(module, (Linear, Embedding, LearnedPositionalEncoding)):
