@@ -400,7 +400,8 @@ print(bpe.encode("To be, or not to be"))
 
 # %% [markdown]
 # The first merges are the commonest pairs of English text — an `e` before a
-# space, `th`, then ` th` — and later ones are whole words with their space
+# space, `th`, a `t` or `s` before a space, `ou`; a few later ` th` joins them
+# (`th` after a space) — and the last ones are whole words with their space
 # (`good `, `with `, `shall `). Measure what that buys: the
 # number of tokens per character on text the tokenizer did **not** learn from,
 # for vocabularies of growing size. Training is greedy, so the tokenizer trained
@@ -589,7 +590,8 @@ except IndexError as error:
 # $$\text{PE}_{p,\,2i} = \sin\frac{p}{10000^{2i/D}}, \qquad \text{PE}_{p,\,2i+1} = \cos\frac{p}{10000^{2i/D}}.$$
 #
 # Each pair of dimensions is a point on a circle turning at its own speed, from
-# one radian per position ($i = 0$) to $1/10000$ of one; together they are like
+# one radian per position ($i = 0$) down to almost $1/10000$ of one (the last
+# pair, $i = D/2 - 1$, turns $10000^{-(D-2)/D}$ radians); together they are like
 # the hands of a clock, and no two positions get the same vector. Position 0 is
 # $(0, 1, 0, 1, \dots)$. Because moving by $k$ positions turns every circle by
 # a fixed angle, $\text{PE}_{p+k}$ is a fixed linear map (a rotation) of
@@ -789,7 +791,9 @@ for d in (4, 64, 512):
 # that broadcasts against the scores (`True` where attention is allowed), or
 # `None` for no mask. A recipe:
 #
-# 1. put $-\infty$ where it is not allowed: `xp.where(allowed, scores, -xp.inf)`;
+# 1. put $-\infty$ where it is not allowed: `xp.where(allowed, scores, -xp.inf)`
+#    (skip this step when `allowed` is `None`: `xp.where(None, ...)` would
+#    disallow everything);
 # 2. the row maxima (`keepdims=True`); where a maximum is $-\infty$ (nothing
 #    allowed — and scores that are $-\infty$ themselves count as not allowed),
 #    use 0 instead, so that every $e^{s - m}$ of that row is $e^{-\infty} = 0$;
@@ -875,14 +879,17 @@ print("MaskedSoftmax OK")
 #   $(\dots, L, E_v)$. Transpose the last two axes of `key` with
 #   `key.transpose(*range(key.ndim - 2), -1, -2)`.
 # * `scale` defaults to $1/\sqrt{E}$; multiplying the queries by it before the
-#   product is cheaper than multiplying the $(L, S)$ scores (and the same).
+#   product is cheaper than multiplying the $(L, S)$ scores (and the same, up
+#   to rounding).
 # * `attn_mask`: a boolean mask, `True` where a query may attend a key
 #   (PyTorch's convention), broadcasting to $(\dots, L, S)$. The given first
 #   line checks the shapes and hands it to you as `allowed`, a boolean array
 #   (or `None`).
 # * `is_causal=True`: build the causal `allowed` array of shape $(L, S)$ —
 #   `True` where $j \le i + (S - L)$ — from `xp.arange` (the tensors' `xp`
-#   is `query._backend.xp`). It cannot be combined with `attn_mask` (the
+#   is `query._backend.xp`). With more queries than keys ($L > S$) the first
+#   $L - S$ queries may attend nothing: their rows are all 0, as in the masked
+#   softmax. `is_causal` cannot be combined with `attn_mask` (the
 #   given line raises, as PyTorch does).
 # * `dropout_p`: dropout (Module 05's `dropout(x, p)`) on the attention
 #   weights, whenever it is above 0 — the caller passes 0 in evaluation mode.
@@ -1020,7 +1027,8 @@ else:
 #
 # Dropout: the layer's `dropout` is the probability of both dropouts, the one on
 # the attention weights (`dropout_p` of `scaled_dot_product_attention`: the
-# layer's `dropout` in training mode, 0 in evaluation mode) and then
+# layer's `dropout` in training mode — `self.training`, Module 05 — and 0 in
+# evaluation mode) and then
 # `resid_dropout` on the output — in that order, so the random numbers are
 # drawn in the same order as the reference's.
 #
