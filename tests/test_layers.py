@@ -109,6 +109,17 @@ def test_linear_wrong_width_names_both_shapes(device) -> None:
         nn.Linear(0, 3)
 
 
+@pytest.mark.parametrize("dtype", ["int64", "int32", "bool"])
+def test_linear_and_conv2d_refuse_integer_inputs_naming_the_dtype(device, dtype) -> None:
+    """NumPy promoted int @ float32 to float64: the model silently ran in float64 (PyTorch raises)."""
+    x = tt.tensor(np.ones((2, 1, 4, 4)), dtype=dtype, device=device)
+    with pytest.raises(TypeError, match=rf"linear: expected a floating-point input, got {dtype} of shape \(2, 16\)"):
+        nn.Linear(16, 3).to(device)(x.reshape(2, 16))
+    with pytest.raises(TypeError, match=rf"conv2d: expected a floating-point input, got {dtype} of shape \(2, 1, 4, 4\)"):
+        nn.Conv2d(1, 2, 3).to(device)(x)
+    assert nn.Linear(16, 3).to(device)(x.reshape(2, 16).astype("float32")).dtype == np.float32
+
+
 @pytest.mark.parametrize("size", [2.5, "4", True])
 def test_linear_size_of_the_wrong_type_raises_naming_it(size) -> None:
     with pytest.raises(TypeError, match=rf"in_features must be a whole number, got in_features={size!r}"):

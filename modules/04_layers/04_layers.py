@@ -628,13 +628,17 @@ class LinearFunction(Function):
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     """``x @ weight.T + bias``: ``x`` is ``(..., in)``, ``weight`` ``(out, in)``, ``bias`` ``(out,)``.
 
-    Raises ``ValueError`` naming both shapes when ``x``'s last axis is not ``in``.
+    Raises ``ValueError`` naming both shapes when ``x``'s last axis is not ``in``, and
+    ``TypeError`` naming the dtype for an integer or boolean ``x`` (as PyTorch does).
     """
     if x.ndim == 0 or x.shape[-1] != weight.shape[1]:
         raise ValueError(
             f"linear: expected input of shape (..., {weight.shape[1]}) for a weight of shape "
             f"{weight.shape}, got input of shape {x.shape}"
         )
+    if x.dtype.kind not in "fc":  # NumPy would quietly make int @ float32 a float64 product, and so every later layer
+        raise TypeError(f"linear: expected a floating-point input, got {x.dtype} of shape {x.shape}; convert it "
+                        f"with x.astype('float32')")
     operands = [x._operand(weight)] + ([] if bias is None else [x._operand(bias)])
     if x.ndim <= 2:
         return LinearFunction.apply(x, *operands)

@@ -291,13 +291,17 @@ def conv2d(x: Tensor, weight: Tensor, bias: Tensor | None = None, stride: Any = 
     must have, e.g. ``(4,)``), or an input that, padded, is smaller than the kernel
     (name the padded size as ``HxW`` and the kernel as ``kHxkW``, e.g. ``2x5`` and
     ``3x3``); an input exactly the kernel's size is fine. A weight or bias on another
-    device than ``x`` raises ``RuntimeError``, as in every operation (``x._operand``).
+    device than ``x`` raises ``RuntimeError``, as in every operation (``x._operand``); an
+    integer or boolean ``x`` raises ``TypeError`` (the given first lines).
     """
     if b is not None:
         if bias is not None:
             raise TypeError("conv2d: give the bias once, as bias= or as b=")
         bias = b
     stride, padding = _pair(stride, "stride"), _pair(padding, "padding", minimum=0)
+    if x.dtype.kind not in "fc":  # as in linear: an integer image would make every later layer float64
+        raise TypeError(f"conv2d: expected a floating-point input, got {x.dtype} of shape {x.shape}; convert it "
+                        f"with x.astype('float32')")
     if x.ndim != 4:
         raise ValueError(f"conv2d expects input of shape (N, C, H, W), got {x.shape}")
     if weight.ndim != 4:
