@@ -370,7 +370,7 @@ class SGD(Optimizer):
         ``g += weight_decay * param``; with momentum ``b = momentum * b + g`` (in
         place on ``state["momentum_buffer"]``) and ``d = g + momentum * b``
         (Nesterov) or ``d = b``; without, ``d = g``. Then ``param -= lr * d``.
-        Keeps no state but the momentum buffer (``memory_report`` counts all of it).
+        Keeps no state but the momentum buffer (section 9 counts every array in ``state``).
         """
         lr, momentum, weight_decay = group["lr"], group["momentum"], group["weight_decay"]
         if weight_decay:

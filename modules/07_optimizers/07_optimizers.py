@@ -586,7 +586,7 @@ class SGD(Optimizer):
         ``g += weight_decay * param``; with momentum ``b = momentum * b + g`` (in
         place on ``state["momentum_buffer"]``) and ``d = g + momentum * b``
         (Nesterov) or ``d = b``; without, ``d = g``. Then ``param -= lr * d``.
-        Keeps no state but the momentum buffer (``memory_report`` counts all of it).
+        Keeps no state but the momentum buffer (section 9 counts every array in ``state``).
         """
         ### BEGIN SOLUTION
         lr, momentum, weight_decay = group["lr"], group["momentum"], group["weight_decay"]
@@ -716,7 +716,10 @@ for t in range(1, 10_001):
 # as long as the optimizer — filled with the `out=` argument of the array functions
 # (`xp.multiply(grad, grad, out=scratch)`, `xp.sqrt(v, out=scratch)`). The bias
 # corrections are Python numbers: fold them into scalars ($\eta / (1 - \beta_1^t)$ and $\sqrt{1 - \beta_2^t}$) instead of
-# dividing whole arrays.
+# dividing whole arrays. Keep $\epsilon$ where the formula has it: it is added to
+# $\sqrt{v}/\sqrt{1 - \beta_2^t}$, after the correction. (The Adam paper's
+# shortcut that moves $\sqrt{1 - \beta_2^t}$ into the step size adds $\epsilon$
+# before it: a different, "$\hat\epsilon$" rule, and not PyTorch's numbers.)
 #
 # `Adam.update` (given) adds the L2 term and calls `adam_update`, which you
 # write: the step from "$m_t = \dots$" on, for a gradient that already includes

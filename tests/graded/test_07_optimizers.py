@@ -32,6 +32,21 @@ def run(optimizer_class, grads=GRADS, start=START, **settings):
     return np.array(values), param, optimizer
 
 
+def expect_state_in_place(optimizer_class, keys, **settings):
+    """The arrays ``state[key]`` stay the same objects from the first step on (updated in place, not rebound)."""
+    param = tt.tensor(START, requires_grad=True)
+    optimizer = optimizer_class([param], **settings)
+    first = None
+    for g in GRADS:
+        param.grad = tt.tensor(g)
+        optimizer.step()
+        state = optimizer.state[0]
+        first = first or {key: state[key] for key in keys}
+        for key in keys:
+            assert state[key] is first[key], f"{optimizer_class.__name__}({settings}): expected state[{key!r}] " \
+                                             "updated in place (the same array after every step), got a new array"
+
+
 def numpy_sgd(lr, momentum=0.0, nesterov=False, weight_decay=0.0, grads=GRADS, start=START):
     theta, buf, values = start.astype(np.float64), None, []
     for g in grads.astype(np.float64):
@@ -65,9 +80,8 @@ def numpy_adam(lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, decoupled=Fal
 
 @check(points=1, hint="plain SGD: param -= lr * grad, in place on the parameter's array")
 def test_sgd_plain(student):
-    values, param, optimizer = run(student.SGD, lr=0.1)
+    values, _, _ = run(student.SGD, lr=0.1)  # which also checks that the parameter's array is updated in place
     expect_close(values, numpy_sgd(0.1), "SGD(lr=0.1): the parameter after each step", rtol=1e-5, atol=1e-6)
-    expect_equal(param.dtype, np.dtype("float32"), "SGD(lr=0.1): the parameter's dtype")
 
 
 @check(points=2, hint="momentum: buf = momentum * buf + g (a plain sum, the first step gives buf = g, kept in "
@@ -86,6 +100,8 @@ def test_sgd_momentum_and_nesterov(student):
     values, _, _ = run(student.SGD, lr=0.05, momentum=0.8, nesterov=True)
     expect_close(values, numpy_sgd(0.05, momentum=0.8, nesterov=True),
                  "SGD(lr=0.05, momentum=0.8, nesterov=True): the parameter after each step", atol=1e-5)
+    for nesterov in (False, True):
+        expect_state_in_place(student.SGD, ["momentum_buffer"], lr=0.1, momentum=0.9, nesterov=nesterov)
 
 
 @check(points=1, hint="weight decay adds weight_decay * param to the gradient (in a new array: the parameter's "
@@ -104,7 +120,7 @@ def test_sgd_weight_decay(student):
 @check(points=2, hint="Adam: state['step'] += 1; m = b1 m + (1 - b1) g; v = b2 v + (1 - b2) g^2 (both in place); "
                       "param -= lr * m_hat / (sqrt(v_hat) + eps) with m_hat = m / (1 - b1^t), v_hat = v / (1 - b2^t)")
 def test_adam_steps(student):
-    values, param, optimizer = run(student.Adam, lr=0.01)
+    values, _, optimizer = run(student.Adam, lr=0.01)
     expect_close(values, numpy_adam(0.01), "Adam(lr=0.01): the parameter after each step", atol=1e-6)
     values, _, _ = run(student.Adam, lr=0.05, betas=(0.8, 0.9), eps=1e-3)
     expect_close(values, numpy_adam(0.05, betas=(0.8, 0.9), eps=1e-3),
@@ -118,7 +134,7 @@ def test_adam_steps(student):
                  dtype="float32")
     expect_close(state["exp_avg_sq"], v, "Adam(lr=0.01): state['exp_avg_sq'] (v) after 4 steps", rtol=1e-4,
                  dtype="float32")
-    expect_equal(param.dtype, np.dtype("float32"), "Adam(lr=0.01): the parameter's dtype (lr etc. are Python floats)")
+    expect_state_in_place(student.Adam, ["exp_avg", "exp_avg_sq"], lr=0.01)
 
 
 @check(points=1, hint="bias correction: divide m by (1 - b1^t) and v by (1 - b2^t) with t the step number "
@@ -174,7 +190,10 @@ def run_groups(optimizer_class, own, **settings):
 
 @check(points=2, hint="read every hyperparameter from the group that step() hands to update (group['lr'], "
                       "group['momentum'], group['nesterov'], group['betas'], group['eps'], group['weight_decay']), "
-                      "never from self: each parameter group has its own values")
+                      "never from self: each parameter group has its own values (and each parameter its own "
+                      "state, Adam's step count included)",
+       after=("test_sgd_plain", "test_sgd_momentum_and_nesterov", "test_sgd_weight_decay", "test_adam_steps",
+              "test_adam_bias_correction", "test_adam_with_l2_weight_decay", "test_adamw_decoupled_weight_decay"))
 def test_each_parameter_group_steps_with_its_own_hyperparameters(student):
     cases = (
         (student.SGD, {"lr": 0.1, "momentum": 0.9}, {"lr": 0.05, "momentum": 0.5, "nesterov": True,
@@ -201,7 +220,8 @@ def test_each_parameter_group_steps_with_its_own_hyperparameters(student):
 # -- state and devices -----------------------------------------------------------------------
 
 @check(points=1, hint="update() keeps exactly the state init_state() made (SGD: momentum_buffer, or nothing; Adam: "
-                      "step, exp_avg, exp_avg_sq): memory_report counts every array in it")
+                      "step, exp_avg, exp_avg_sq): section 9 counts every array in it",
+       after=("test_sgd_plain", "test_sgd_momentum_and_nesterov", "test_adam_steps"))
 def test_state_holds_only_its_own_entries(student):
     for optimizer_class, settings, keys in ((student.SGD, {"lr": 0.1}, set()),
                                             (student.SGD, {"lr": 0.1, "momentum": 0.9, "nesterov": True},
@@ -214,7 +234,8 @@ def test_state_holds_only_its_own_entries(student):
         assert got == keys, f"{optimizer_class.__name__}({settings}): expected state {sorted(keys)}, got {sorted(got)}"
 
 
-@check(points=1, hint="update() computes with the xp it is given (NumPy on the CPU, CuPy on a GPU), never with np")
+@check(points=1, hint="update() computes with the xp it is given (NumPy on the CPU, CuPy on a GPU) and keeps "
+                      "every array on the parameter's device")
 def test_optimizers_run_on_another_device(student):
     for optimizer_class, settings in ((student.SGD, {"lr": 0.1, "momentum": 0.9, "weight_decay": 0.01}),
                                       (student.Adam, {"lr": 0.01, "weight_decay": 0.01}),
