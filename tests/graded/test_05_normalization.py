@@ -34,7 +34,11 @@ def test_dropout(student, monkeypatch):
     layer = student.Dropout(0.5)
     layer.eval()
     expect_equal(layer(x).numpy(), x.numpy(), "Dropout(0.5) in evaluation mode")
-    half = student.dropout(tt.ones(50, 20, dtype="float16"), 0.5)  # what mixed precision feeds it
+    try:
+        half = student.dropout(tt.ones(50, 20, dtype="float16"), 0.5)  # what mixed precision feeds it
+    except TypeError as error:
+        raise AssertionError(f"dropout of a float16 tensor: expected a float16 result, got TypeError: {error} (draw "
+                             "the uniforms in float32, the generators' default, then cast the mask)") from None
     expect_equal(half.dtype, np.dtype(np.float16), "the dtype of dropout of a float16 tensor")
 
     # the rule itself, on known draws: keep where u >= p (u == p is kept)
@@ -103,6 +107,9 @@ def test_batch_norm_running_stats(student):
     for name, array in zip(("running_mean", "running_var", "num_batches_tracked"), arrays):
         assert getattr(norm, name).data is array, f"{name} must be updated in place: expected the same array, " \
                                                   "got a new one"
+    norm._update_running_stats(np.array([1.0, 2.0, 3.0]).reshape(1, 3, 1), np.full((1, 3, 1), 4.0))  # kept dims
+    expect_close(norm.running_mean, np.array([0.36, 0.72, 1.08], dtype=np.float32),
+                 "running_mean after a second update, with statistics of shape (1, 3, 1)", rtol=1e-6)
 
 
 @check(points=2, hint="BatchNorm training mode: normalise with the batch's mean and biased variance over every axis but "
@@ -131,7 +138,12 @@ def test_batch_norm_training(student):
     expect_close(affine.running_var, 0.9 + 0.1 * pair.var(axis=0, ddof=1), "running_var after a (2, 3) batch",
                  rtol=1e-4)
     short = RNG.standard_normal((1, 3, 2)).astype(np.float32)  # one sample, two positions: two values per channel
-    expect_close(affine(tt.tensor(short)), (short - short.mean(axis=(0, 2), keepdims=True))
+    try:
+        short_out = affine(tt.tensor(short))
+    except ValueError as error:
+        raise AssertionError(f"BatchNorm1d(3) in training mode of a (1, 3, 2) batch: expected its output (two values "
+                             f"per channel are enough), got ValueError: {error}") from None
+    expect_close(short_out, (short - short.mean(axis=(0, 2), keepdims=True))
                  / np.sqrt(short.var(axis=(0, 2), keepdims=True) + 0.5) * np.array([2.0, -1.0, 0.5])[:, None]
                  + np.array([0.1, -0.2, 0.3])[:, None], "BatchNorm1d(3, eps=0.5) of a (1, 3, 2) batch",
                  rtol=1e-4, atol=1e-5)
@@ -155,7 +167,8 @@ def test_batch_norm_training_needs_two_values(student):
 
 
 @check(points=1, hint="BatchNorm evaluation mode: (x - running_mean) / sqrt(running_var + eps) * weight + bias, "
-                      "running stats unchanged")
+                      "running stats unchanged; they are constants, so the input's gradient is only the scale "
+                      "weight / sqrt(running_var + eps) (not Normalize, which differentiates through its statistics)")
 def test_batch_norm_eval(student):
     norm = student.BatchNorm1d(2)
     norm.running_mean.data[...] = [1.0, -1.0]
@@ -165,7 +178,14 @@ def test_batch_norm_eval(student):
     norm.eval()
     x = np.array([[3.0, 0.0], [1.0, -1.0]], dtype=np.float32)
     expected = (x - [1.0, -1.0]) / np.sqrt(np.array([4.0, 0.25]) + 1e-5) * [2.0, 1.0] + [0.5, 0.0]
-    expect_close(norm(tt.tensor(x)), expected.astype(np.float32), "BatchNorm1d(2) in evaluation mode", rtol=1e-5)
+    inputs = tt.tensor(x, requires_grad=True)
+    out = norm(inputs)
+    expect_close(out, expected.astype(np.float32), "BatchNorm1d(2) in evaluation mode", rtol=1e-5)
+    upstream = np.array([[1.0, -2.0], [0.5, 3.0]], dtype=np.float32)
+    out.backward(tt.tensor(upstream))
+    expect_close(inputs.grad, upstream * [2.0, 1.0] / np.sqrt(np.array([4.0, 0.25]) + 1e-5),
+                 "the input's gradient of BatchNorm1d(2) in evaluation mode (the running statistics are constants)",
+                 rtol=1e-5)
     expect_equal(norm.running_mean.numpy(), np.array([1.0, -1.0], dtype=np.float32), "running_mean after evaluation")
     expect_equal(norm.num_batches_tracked.item(), 0, "num_batches_tracked after evaluation")
 

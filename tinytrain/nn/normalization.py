@@ -74,7 +74,9 @@ class _BatchNorm(Module):
 
     Training mode normalises with the batch's statistics and updates the running
     averages (``running_var`` with the unbiased variance); evaluation mode
-    normalises with the running averages. Training mode needs at least two values per
+    normalises with the running averages, constants: its gradient in ``x`` is
+    ``weight / sqrt(running_var + eps) * g`` (not ``Normalize``'s, which differentiates
+    through the batch's statistics). Training mode needs at least two values per
     channel (the unbiased variance divides by count - 1): fewer, as in a batch of one
     ``(1, C)`` sample, raise ``ValueError`` naming the layer and the input's shape,
     before any running average changes. Subclasses set ``input_ndims``.
@@ -93,6 +95,9 @@ class _BatchNorm(Module):
 
     def _update_running_stats(self, mean: Any, unbiased_var: Any) -> None:
         """Exponential moving averages of the batch statistics (arrays: not in the graph).
+
+        ``mean`` and ``unbiased_var`` hold one number per channel, shaped ``(C,)`` or
+        with ``normalize``'s kept dimensions (``(1, C)``, ``(1, C, 1)``).
 
         Updates all three buffers in place (their arrays stay the same objects: a
         checkpointed layer restores them by value): ``running_mean`` and
