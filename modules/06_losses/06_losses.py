@@ -266,12 +266,22 @@ print("-log_softmax: ", fused.item(), " gradient:", logits.grad.numpy())
 #   `exp(z - m)` divided by its row sum, both already computed;
 # * **backward**: `probs * g`, then subtract `g` at each row's target column,
 #   where `g` is the gradient of each sample's loss (`_unreduce`): one number for
-#   "mean" and "sum", a vector of $N$ for "none" — make it an $N \times 1$
-#   column (`g[:, None]`) so that it scales each row of `probs`.
+#   "mean" and "sum", a vector of $N$ for "none" — there, scale the rows with the
+#   $N \times 1$ column `g[:, None]`, and subtract the flat `g` (one number per
+#   row) at `[xp.arange(N), target]`. Write into a new array: `self.probs` must
+#   stay as forward left it, since a second backward through the same graph
+#   (`backward(retain_graph=True)`, Module 02) reads it again.
 #
 # For probability targets $q$ (an $N \times C$ float array), the per-row loss is
-# $\log\sum_j e^{z_{ij}-m} \cdot \sum_c q_{ic} - \sum_c q_{ic}(z_{ic} - m)$ and
+# $\bigl(\log\sum_j e^{z_{ij}-m}\bigr)\sum_c q_{ic} - \sum_c q_{ic}(z_{ic} - m)$ and
 # the gradient $(p \sum_c q_c - q)\, g$. `target.ndim` tells the two kinds apart.
+#
+# As in every `Function` (Module 02), `forward` and `backward` get arrays and
+# compute with `self.xp`, the array library of the inputs' device (NumPy here,
+# CuPy on a GPU), never `np` directly; `backward` returns a tuple with one
+# gradient per tensor input, and `cross_entropy` calls
+# `CrossEntropy.apply(logits, target=..., reduction=...)`. The loss keeps the
+# logits' dtype: float32 logits give a float32 loss.
 
 # %% export="nn/losses"
 class CrossEntropy(Function):
@@ -454,7 +464,10 @@ print("cross_entropy OK")
 # \qquad \frac{\partial}{\partial x} = \sigma(x) - t.$$
 #
 # $e^{-|x|} \le 1$ never overflows, and `log1p` keeps precision when it is tiny.
-# The gradient is the same "prediction minus target" as cross-entropy's.
+# The gradient is the same "prediction minus target" as cross-entropy's; compute
+# its $\sigma(x)$ from the same $e^{-|x|}$ (Module 02's stable sigmoid,
+# $\sigma(x) = 1/(1 + e^{-|x|})$ for $x \ge 0$, $e^{-|x|}/(1 + e^{-|x|})$ otherwise):
+# `1 / (1 + exp(-x))` overflows for $x \ll 0$, and NumPy warns.
 
 # %% export="nn/losses"
 LOG_FLOOR = -100.0  # PyTorch's BCELoss clamps log(p) and log(1 - p) here
@@ -488,7 +501,7 @@ class BinaryCrossEntropy(Function):
 class BinaryCrossEntropyWithLogits(Function):
     """``max(x, 0) - x * t + log(1 + exp(-|x|))``: BCE of ``sigmoid(x)``, stable for any x.
 
-    Backward: ``sigmoid(x) - t``.
+    Backward: ``sigmoid(x) - t``, with a sigmoid from ``exp(-|x|)`` that cannot overflow.
     """
 
     def forward(self, logits: Any, target: Any, reduction: str) -> Any:
@@ -534,7 +547,8 @@ def binary_cross_entropy_with_logits(logits: Tensor, target: Any, reduction: str
     """Binary cross-entropy of ``sigmoid(logits)``, computed stably from the logits:
 
     ``mean(max(x, 0) - x * t + log(1 + exp(-|x|)))``; gradient ``sigmoid(x) - t``
-    (over N for "mean"). ``target`` must have the logits' shape (ValueError naming both).
+    (divided by the number of elements for "mean"). ``target`` must have the logits'
+    shape (ValueError naming both).
     """
     _check_reduction(reduction)
     target = _as_target(target, logits)

@@ -72,8 +72,8 @@ def test_cross_entropy_values(student):
     expected = -np_log_softmax(z.astype(np.float64))[np.arange(len(y)), y]
     for reduction in ("mean", "sum", "none"):
         loss = student.cross_entropy(tt.tensor(z), tt.tensor(y), reduction=reduction)
-        expect_close(loss, reduce(expected, reduction), f"cross_entropy of (5, 4) logits, reduction={reduction!r}",
-                     rtol=1e-5, atol=1e-6)
+        expect_close(loss, reduce(expected, reduction), f"cross_entropy of (5, 4) float32 logits, "
+                     f"reduction={reduction!r}", rtol=1e-5, atol=1e-6, dtype="float32")
     module = student.CrossEntropyLoss()
     expect_close(module(tt.tensor(z), tt.tensor(y)).item(), expected.mean(), "CrossEntropyLoss()(logits, labels)",
                  rtol=1e-5)
@@ -97,6 +97,13 @@ def test_cross_entropy_gradient(student):
                  "the gradient of cross_entropy(reduction='none') with upstream [1, 2, ..., 6]", atol=1e-5)
     assert tt.gradcheck(lambda x: student.cross_entropy(x, tt.tensor(y), reduction="mean"),
                         [leaf(z, dtype="float64")]), "gradcheck of cross_entropy in float64"
+    logits = leaf(z)
+    loss = student.cross_entropy(logits, tt.tensor(y))
+    loss.backward(retain_graph=True)
+    loss.backward()
+    expect_close(logits.grad, 2 * (p - onehot) / len(y), "the gradient of cross_entropy after two backward passes "
+                 "through one graph (retain_graph=True): backward must leave the saved probabilities unchanged",
+                 atol=1e-6)
 
 
 @check(points=2, hint="subtract each row's maximum before exp (log-sum-exp): exp(1000) overflows to inf, and "
@@ -184,6 +191,16 @@ def test_binary_cross_entropy_on_probabilities(student):
         f"the gradient of binary_cross_entropy at p = 0 and 1: expected finite values, got {edges.grad.numpy()}"
     expect_close(student.BCELoss(reduction="sum")(tt.tensor(p), t).item(), expected.sum(), "BCELoss(reduction='sum')",
                  rtol=1e-5)
+    probs = leaf(p)
+    upstream = np.array([[1.0, -2.0], [0.5, 3.0]], dtype=np.float32)
+    student.binary_cross_entropy(probs, tt.tensor(t), reduction="none").backward(tt.tensor(upstream))
+    expect_close(probs.grad, (p64 - t) / (p64 * (1 - p64)) * upstream, "the gradient of "
+                 "binary_cross_entropy(reduction='none') with a different upstream per element", rtol=1e-4)
+    for reduction, scale in (("mean", 3 / p.size), ("sum", 3.0)):
+        probs = leaf(p)
+        (student.binary_cross_entropy(probs, tt.tensor(t), reduction=reduction) * 3.0).backward()
+        expect_close(probs.grad, (p64 - t) / (p64 * (1 - p64)) * scale, f"the gradient of 3 * "
+                     f"binary_cross_entropy(reduction={reduction!r}) (the upstream gradient is 3)", rtol=1e-4)
 
 
 def np_bce_with_logits(x, t):
@@ -216,9 +233,14 @@ def test_binary_cross_entropy_with_logits(student):
                  "the gradient of binary_cross_entropy_with_logits(reduction='none') with a different upstream per "
                  "element", rtol=1e-5, atol=1e-7)
     extreme = leaf(np.array([-1000.0, 1000.0, -1000.0, 1000.0], dtype=np.float32))
-    with np.errstate(all="ignore"):  # exp(1000) overflows in a naive version: the values below catch it
-        losses = student.binary_cross_entropy_with_logits(extreme, [1.0, 0.0, 0.0, 1.0], reduction="none")
-        losses.sum().backward()
+    try:
+        with np.errstate(over="raise", invalid="raise", divide="raise"):  # exp(1000) overflows in a naive version
+            losses = student.binary_cross_entropy_with_logits(extreme, [1.0, 0.0, 0.0, 1.0], reduction="none")
+            losses.sum().backward()
+    except FloatingPointError as error:
+        raise AssertionError(f"binary_cross_entropy_with_logits of x = [-1000, 1000, -1000, 1000] and its gradient: "
+                             f"expected no overflow, got FloatingPointError: {error} (compute the loss and the "
+                             "sigmoid from exp(-|x|))") from None
     expect_close(losses, np.array([1000.0, 1000.0, 0.0, 0.0], dtype=np.float32),
                  "binary_cross_entropy_with_logits of x = [-1000, 1000, -1000, 1000], t = [1, 0, 0, 1]")
     expect_close(extreme.grad, np.array([-1.0, 1.0, 0.0, 0.0], dtype=np.float32),

@@ -197,7 +197,7 @@ class BinaryCrossEntropy(Function):
 class BinaryCrossEntropyWithLogits(Function):
     """``max(x, 0) - x * t + log(1 + exp(-|x|))``: BCE of ``sigmoid(x)``, stable for any x.
 
-    Backward: ``sigmoid(x) - t``.
+    Backward: ``sigmoid(x) - t``, with a sigmoid from ``exp(-|x|)`` that cannot overflow.
     """
 
     def forward(self, logits: Any, target: Any, reduction: str) -> Any:
@@ -237,7 +237,8 @@ def binary_cross_entropy_with_logits(logits: Tensor, target: Any, reduction: str
     """Binary cross-entropy of ``sigmoid(logits)``, computed stably from the logits:
 
     ``mean(max(x, 0) - x * t + log(1 + exp(-|x|)))``; gradient ``sigmoid(x) - t``
-    (over N for "mean"). ``target`` must have the logits' shape (ValueError naming both).
+    (divided by the number of elements for "mean"). ``target`` must have the logits'
+    shape (ValueError naming both).
     """
     _check_reduction(reduction)
     target = _as_target(target, logits)
