@@ -248,6 +248,15 @@ def test_second_backward_through_same_graph_raises(device):
         loss.backward()
 
 
+def test_a_new_graph_through_a_freed_part_raises_the_second_time_error(device):
+    """It raised AttributeError ('Mul' object has no attribute 'sequence') from the engine's heap."""
+    x = leaf([1.0, 2.0], device)
+    y = x * 2
+    y.sum().backward()
+    with pytest.raises(RuntimeError, match="second time"):
+        (y * 3).sum().backward()
+
+
 def test_retain_graph_allows_second_backward(device):
     x = leaf([1.0, 2.0], device)
     loss = (x * x).sum()

@@ -213,17 +213,18 @@ def sum_to_shape(grad: Any, shape: tuple[int, ...]) -> Any:
 
 # %% check=1
 g = np.ones((2, 3, 4), dtype=np.float32)
-assert sum_to_shape(g, (3, 1)).shape == (3, 1) and (sum_to_shape(g, (3, 1)) == 8).all()
-assert sum_to_shape(g, (4,)).tolist() == [6.0] * 4
-assert sum_to_shape(g, ()).item() == 24.0
-assert sum_to_shape(g, (2, 3, 4)) is g
+summed = sum_to_shape(g, (3, 1))
+assert summed.shape == (3, 1) and (summed == 8).all(), f"to (3, 1): expected [[8], [8], [8]], got {summed.tolist()}"
+assert sum_to_shape(g, (4,)).tolist() == [6.0] * 4, f"to (4,): expected [6, 6, 6, 6], got {sum_to_shape(g, (4,))}"
+assert sum_to_shape(g, ()).item() == 24.0, f"to (): expected 24, got {sum_to_shape(g, ())!r}"
+assert sum_to_shape(g, (2, 3, 4)) is g, "to grad's own shape: expected grad itself (no copy)"
 print("sum_to_shape OK")
 
 # %% [markdown]
 # ## 3. Operations, each with its backward rule
 #
 # Each rule below is the derivative you know from calculus, written for arrays.
-# Two details matter for every binary operation:
+# Three details matter for every binary operation:
 #
 # * **Broadcasting.** In `x + b` with `x: (batch, 10)` and `b: (10,)`, `b` was
 #   used `batch` times; its gradient is `sum_to_shape(grad, b.shape)`.
@@ -234,8 +235,12 @@ print("sum_to_shape OK")
 #   float32): NumPy's `zeros(shape)` is float64 unless you pass `dtype=`, and
 #   float32 divided by an integer array (a count) becomes float64.
 #
-# `Add`, `Sub` and `Div` are given as worked examples of both details; you write
-# `Mul` and `Pow`, where each input's gradient needs the *other* input.
+# `Add`, `Sub` and `Div` are given as worked examples. `Sub` and `Div` skip an
+# input that needs no gradient where its gradient would cost work; `Add` hands
+# `grad` to both, which costs nothing, because the engine (section 4) gives
+# nothing to an input that does not require grad, whatever its operation
+# returned. You write `Mul` and `Pow`, where each input's gradient needs the
+# *other* input.
 #
 # ### Arithmetic
 #
@@ -342,14 +347,17 @@ y = tt.tensor(4.0, requires_grad=True)
 mul = Mul()
 mul.backend, mul.inputs = x._backend, (x, y)
 mul.forward(x.data, y.data)
-assert mul.backward(np.float32(1.0)) == (4.0, 3.0)
+got = mul.backward(np.float32(1.0))
+assert got == (4.0, 3.0), f"Mul at x=3, y=4: expected (4, 3), got {got}"
 add = Add()
 add.backend, add.inputs = x._backend, (tt.ones(2, 3, requires_grad=True), tt.ones(3, requires_grad=True))
 add.forward(np.ones((2, 3)), np.ones(3))
 grad_a, grad_b = add.backward(np.ones((2, 3)))
-assert grad_a.shape == (2, 3) and grad_b.shape == (3,) and (grad_b == 2).all()
+assert grad_a.shape == (2, 3) and grad_b.shape == (3,) and (grad_b == 2).all(), \
+    f"Add of (2, 3) and (3,): expected gradients of shapes (2, 3) and (3,) (b's all 2), got {grad_a.shape}, {grad_b}"
 z = Mul.apply(x, y)
-assert z.item() == 12.0 and z.requires_grad and isinstance(z._ctx, Mul) and z._ctx.inputs == (x, y)
+assert z.item() == 12.0 and z.requires_grad, f"Mul.apply(3, 4): expected 12 requiring grad, got {z!r}"
+assert isinstance(z._ctx, Mul) and z._ctx.inputs == (x, y), "Mul.apply records its Mul as z._ctx, with inputs (x, y)"
 print("arithmetic rules OK")
 
 # %% [markdown]
@@ -475,16 +483,19 @@ m = Max()
 m.inputs = (a,)
 m.backend = tt.get_backend("cpu")
 m.forward(a.data, axis=(1,), keepdims=False)
-assert m.backward(np.ones(2, dtype=np.float32))[0].tolist() == [[0, 0.5, 0.5], [1, 0, 0]]
+got = m.backward(np.ones(2, dtype=np.float32))[0].tolist()
+assert got == [[0, 0.5, 0.5], [1, 0, 0]], f"Max over axis 1: expected [[0, .5, .5], [1, 0, 0]] (ties share), got {got}"
 s = Sum()
 s.inputs = (a,)
 s.backend = tt.get_backend("cpu")
 s.forward(a.data, axis=(0,), keepdims=False)
-assert s.backward(np.array([1.0, 2.0, 3.0]))[0].tolist() == [[1, 2, 3], [1, 2, 3]]
+got = s.backward(np.array([1.0, 2.0, 3.0]))[0].tolist()
+assert got == [[1, 2, 3], [1, 2, 3]], f"Sum over axis 0: expected [[1, 2, 3], [1, 2, 3]], got {got}"
 t = Transpose()
 t.backend, t.inputs = tt.get_backend("cpu"), (tt.zeros(2, 3, 4, requires_grad=True),)
 t.forward(np.zeros((2, 3, 4)), axes=(1, 2, 0))
-assert t.backward(np.zeros((3, 4, 2)))[0].shape == (2, 3, 4)
+got = t.backward(np.zeros((3, 4, 2)))[0].shape
+assert got == (2, 3, 4), f"Transpose(1, 2, 0) of (2, 3, 4): expected a gradient of shape (2, 3, 4), got {got}"
 print("reductions OK")
 
 # %% [markdown]
@@ -647,14 +658,15 @@ logits = np.array([[1000.0, 0.0, -1000.0]], dtype=np.float32)
 sm = Softmax()
 sm.backend = tt.get_backend("cpu")
 probs = sm.forward(logits, axis=1)
-assert np.isfinite(probs).all() and np.allclose(probs, [[1, 0, 0]])
+assert np.isfinite(probs).all() and np.allclose(probs, [[1, 0, 0]]), f"softmax of [[1000, 0, -1000]]: got {probs}"
 lsm = LogSoftmax()
 lsm.backend = tt.get_backend("cpu")
 logp = lsm.forward(logits, axis=1)
-assert np.allclose(logp, [[0, -1000, -2000]])
+assert np.allclose(logp, [[0, -1000, -2000]]), f"log_softmax of [[1000, 0, -1000]]: got {logp}"
 sg = Sigmoid()
 sg.backend = tt.get_backend("cpu")
-assert np.allclose(sg.forward(np.array([-1000.0, 0.0, 1000.0], dtype=np.float32)), [0, 0.5, 1])
+got = sg.forward(np.array([-1000.0, 0.0, 1000.0], dtype=np.float32))
+assert np.allclose(got, [0, 0.5, 1]), f"sigmoid of [-1000, 0, 1000]: expected [0, 0.5, 1], got {got}"
 print("stable softmax and sigmoid OK")
 
 # %% [markdown]
@@ -874,7 +886,8 @@ def backward(tensor: Any, grad: Any = None, retain_graph: bool = False) -> None:
 
     ``grad`` defaults to 1 for a single-element ``tensor``; for any other shape
     it must be given, with the tensor's shape. A ``None`` from an operation's
-    ``backward`` gives that input nothing, whether or not it requires grad.
+    ``backward`` gives that input nothing, whether or not it requires grad, and an
+    input that does not require grad gets nothing, whatever ``backward`` returned.
     Re-entrant: an operation's ``backward`` may call ``backward`` itself.
     Reaching an operation that an earlier backward freed raises
     ``_freed_graph_error()``.
@@ -930,6 +943,8 @@ def backward(tensor: Any, grad: Any = None, retain_graph: bool = False) -> None:
                 output_grads[creator] = output_grads[creator] + parent_grad
                 creator.owns_grad = True  # the sum is a new array
             else:
+                if not hasattr(creator, "inputs"):  # freed: y = x * 2; y.sum().backward(); (y * 3).sum().backward()
+                    raise _freed_graph_error()
                 output_grads[creator] = parent_grad
                 creator.owns_grad = unshared
                 heapq.heappush(newest_first, (-creator.sequence, creator))
@@ -943,7 +958,11 @@ x = tt.tensor(3.0, requires_grad=True)
 y = tt.tensor(4.0, requires_grad=True)
 loss = x * y + x  # the worked example
 backward(loss)
-assert (x.grad.item(), y.grad.item()) == (5.0, 3.0)
+assert (x.grad.item(), y.grad.item()) == (5.0, 3.0), f"expected (5, 3), got {(x.grad.item(), y.grad.item())}"
+a = tt.tensor([1.0, 2.0], requires_grad=True)
+shared = a * a  # two operations use it: both shares must arrive before it passes its gradient on
+backward((shared * 3 + shared).sum())
+assert a.grad.numpy().tolist() == [8.0, 16.0], f"sum(3 a^2 + a^2) at a = [1, 2]: expected [8, 16], got {a.grad}"
 chain = x
 for _ in range(10_000):
     chain = chain * 1.0
@@ -989,7 +1008,8 @@ def gradcheck(
     Returns True, or raises :class:`GradcheckError` naming the worst mismatch
     (the largest excess over its tolerance): its input's position in
     ``inputs``, its index as a tuple and both values, e.g. ``gradient of input
-    1 at index (1, 0): autograd gives 0.314, central differences give 0.251``.
+    1 at index (1, 0): autograd gives 0.314159, central differences give 0.251327``
+    (each value with 6 significant digits, ``f"{value:.6g}"``).
     """
     import numpy as np  # host-side bookkeeping only: perturbations and the comparison
 
@@ -1115,9 +1135,11 @@ print(f"forward + backward: {per_op * 1e6:.1f} µs per operation")
 # PyTorch's `torch.autograd.Function` has the same shape — `forward(ctx, ...)`,
 # `backward(ctx, grad_output)`, `ctx.save_for_backward` — and `torch.autograd.
 # gradcheck` performs the same central-difference test (it insists on float64
-# too). Its engine is written in C++ and runs the backward pass in a
-# dependency-counting order rather than a precomputed topological sort, and it
-# frees saved tensors after backward unless `retain_graph=True`, exactly as ours.
+# too). Its engine is written in C++. Like ours it sorts nothing in advance: it
+# counts how many gradients each operation still waits for, runs an operation
+# once all have arrived, and among those ready prefers the newest (by sequence
+# numbers, as our heap does). It frees saved tensors after backward unless
+# `retain_graph=True`, exactly as ours.
 #
 # ## Summary
 #

@@ -52,8 +52,11 @@ def assert_backward(student, name, arrays, needs=None, eps=1e-6, **params):
     what = _describe(name, arrays, needs, params)
     fn, out = _op(student, name, [a.copy() for a in arrays], needs, **params)
     weights = np.asarray(RNG.standard_normal(np.shape(out)))
-    grads = fn.backward(weights.copy())
+    incoming = weights.copy()
+    grads = fn.backward(incoming)  # fn.owns_grad is False: another holder may read `incoming` afterwards
     assert len(grads) == len(arrays), f"{what}: expected backward to return {len(arrays)} gradients, got {len(grads)}"
+    expect_equal(incoming, weights, f"{what}: the incoming gradient after backward with owns_grad False (it may be "
+                 "shared, as Add hands one array to both inputs: overwrite grad only when self.owns_grad)")
     for i, array in enumerate(arrays):
         if needs is not None and not needs[i]:
             assert grads[i] is None, (f"{what}: input {i} does not require grad, so expected None for it, got an "
@@ -331,6 +334,17 @@ def test_engine(student):
     student.backward(((shared * 3) + shared.exp()).sum())
     expected = 6 * np.array([1.0, 2.0]) + 2 * np.array([1.0, 2.0]) * np.exp([1.0, 4.0])
     expect_close(a.grad.numpy(), expected, "a.grad of sum(3 a^2 + exp(a^2)) at a=[1, 2] (a diamond)", rtol=1e-6)
+    # branches of different lengths: a first-in-first-out queue reaches a*a before exp(0.1 a^2) has delivered
+    a = tt.tensor([1.0, 2.0], requires_grad=True)
+    shared = a * a
+    what = "a.grad of sum(exp(0.1 a^2) + a^2) at a=[1, 2] (a diamond whose branches have 3 and 1 operations)"
+    try:
+        student.backward(((shared * 0.1).exp() + shared).sum())
+    except RuntimeError as error:
+        raise AssertionError(f"{what}: expected a gradient, got RuntimeError: {error} (a^2 ran before the longer "
+                             "branch delivered its share: always take the newest pending operation)") from None
+    expected = 2 * np.array([1.0, 2.0]) * (0.1 * np.exp(0.1 * np.array([1.0, 4.0])) + 1)
+    expect_close(a.grad.numpy(), expected, what, rtol=1e-6)
     # a long chain: no recursion
     chain = x
     for _ in range(5_000):
@@ -360,6 +374,18 @@ def test_engine_none_gradients_and_nested_backward(student):
     student.backward(FirstOnly.apply(a, b).sum())
     expect_close(a.grad.numpy(), [1.0, 1.0], "a.grad of sum(FirstOnly(a, b))")
     assert b.grad is None, f"FirstOnly.backward returns None for b: expected b.grad None, got {b.grad}"
+
+    class Both(InstalledFunction):
+        def forward(self, a, b):
+            return a + b
+
+        def backward(self, grad):
+            return grad, grad  # a gradient for the constant too, as Add's backward returns
+
+    p, constant = tt.tensor([1.0, 2.0], requires_grad=True), tt.tensor([5.0, 5.0])
+    student.backward(Both.apply(p, constant).sum())
+    assert constant.grad is None, f"an input that does not require grad gets nothing, whatever backward returned " \
+                                  f"for it: expected its .grad None, got {constant.grad}"
 
     class Doubled(InstalledFunction):
         """Like Module 13's checkpointing: its backward runs a backward of its own."""
@@ -394,6 +420,10 @@ def test_engine_frees_graph(student):
     expect_close(x.grad.item(), 8.0, "x.grad after two backward calls of x*x at x=2 (the first with retain_graph)")
     expect_raises(RuntimeError, lambda: student.backward(loss), "a third backward through the freed graph of x*x",
                   mentions=("second time",))
+    y = x * 2
+    student.backward(y.sum())
+    expect_raises(RuntimeError, lambda: student.backward((y * 3).sum()), "y = x * 2; backward(y.sum()); then "
+                  "backward((y * 3).sum()), a new graph that reaches y's freed operation", mentions=("second time",))
 
     class Peek(InstalledFunction):
         """The identity, whose backward runs a backward of its own through ``shared``, freeing h*h."""
