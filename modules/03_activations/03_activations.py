@@ -198,8 +198,8 @@ for name, f in [("sigmoid", sigmoid), ("tanh", tanh), ("relu", relu)]:
     print(f"{name:8s} mean |gradient| at the input after 20 layers: {input_gradient(f):.1e}")
 
 # %% [markdown]
-# With sigmoid the first layers would learn about $10^{12}$ times slower than the
-# last — they effectively do not learn. This is the *vanishing gradient* problem
+# With sigmoid the gradient that reaches the input is about $10^{12}$ times
+# smaller than with ReLU: the first layers effectively do not learn. This is the *vanishing gradient* problem
 # that held deep networks back until ReLU and careful initialisation
 # (Glorot & Bengio 2010; He et al. 2015).
 #
@@ -271,8 +271,16 @@ print(f"max |exact - tanh approximation| = {abs(exact - approx)[worst]:.2e} at x
 #   warns, and backward's $(1 - t^2)\,u'$ becomes $0 \cdot \infty =$ `nan`.
 #   But $\tanh u$ is already exactly $\pm 1$ in float32 and float64 once
 #   $|x| > 10$ ($u > 43$), so clipping $x$ to $[-10, 10]$ *inside the cubic*
-#   changes no result and removes the overflow.
+#   changes no result and removes the overflow. Backward clips too: the $x^2$ in
+#   $u'$ overflows the same way, so use the clipped $x$ there (the given
+#   `_tanh_and_clipped` returns it next to $t$).
 #   Beyond the clip, GELU is exactly $x$ (right) or $0$ (left) with slope 1 or 0.
+#
+# Write `GELUTanh` as a `Function` (Module 02): `backward` returns the tuple
+# `(grad * slope,)`, and `gelu` is `GELUTanh.apply(x)`, one node in the graph.
+# The cells marked for export become `tinytrain/nn/activations.py`, which
+# imports only `math`, `Function` and `Tensor`: compute with `self.xp`, not the
+# notebook's `np`.
 
 # %% export="nn/activations"
 SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
@@ -283,7 +291,7 @@ GELU_CLIP = 10.0  # tanh(u) is exactly +-1 beyond |x| = 10 (u > 43), in float32 
 class GELUTanh(Function):
     """GELU, tanh approximation: ``0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 x^3)))``.
 
-    Backward: ``0.5 * (1 + t) + 0.5 * x * (1 - t^2) * sqrt(2/pi) * (1 + 3 * 0.044715 x^2)``
+    Backward: ``grad`` times ``0.5 * (1 + t) + 0.5 * x * (1 - t^2) * sqrt(2/pi) * (1 + 3 * 0.044715 x^2)``
     with ``t`` the tanh above. Saves only ``x`` and recomputes ``t`` in backward.
     ``x`` is clipped to [-10, 10] inside the cubic, where tanh is already exactly
     +-1, so huge inputs neither overflow nor change the result.
@@ -407,7 +415,8 @@ def softmax(x: Tensor, axis: int = -1) -> Tensor:
     """Softmax along ``axis``: ``exp(x_i) / sum_j exp(x_j)``.
 
     Positive values that sum to 1 along ``axis``. Computed as
-    ``softmax(x - max(x))``, which is equal and never overflows.
+    ``softmax(x - max(x))``, which is equal and never overflows. The result is
+    part of the graph: its gradient flows back to ``x``.
     """
     ### BEGIN SOLUTION
     return x.softmax(axis)
@@ -419,7 +428,7 @@ def log_softmax(x: Tensor, axis: int = -1) -> Tensor:
 
     Computed with the log-sum-exp trick, ``(x_i - m) - log(sum_j exp(x_j - m))``
     with ``m = max(x)``, so it is finite wherever ``x`` is, unlike
-    ``log(softmax(x))``.
+    ``log(softmax(x))``. The result is part of the graph, like ``softmax``'s.
     """
     ### BEGIN SOLUTION
     return x.log_softmax(axis)

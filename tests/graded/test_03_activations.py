@@ -30,6 +30,20 @@ def _log_softmax(x, axis):
     return (x - m) - np.log(np.exp(x - m).sum(axis=axis, keepdims=True))
 
 
+def _expect_gradient(f, name):
+    """``f(x, axis)`` is in the graph, with the right gradient, for both axes of a (2, 3) input."""
+    for axis in (1, 0):
+        x = tt.tensor(np.array([[0.5, -1.0, 2.0], [3.0, 0.0, -0.5]]), dtype="float64", requires_grad=True)
+        if not f(x, axis=axis).requires_grad:
+            raise AssertionError(f"{name}(x, axis={axis}) of an x that requires grad: expected a result in the graph "
+                                 "(requires_grad True), got one cut off from it")
+        try:
+            tt.gradcheck(lambda t: f(t, axis=axis), [x])
+        except tt.autograd.GradcheckError as error:
+            raise AssertionError(f"gradcheck of {name}(x, axis={axis}): expected backward to match central "
+                                 f"differences, got {error}") from None
+
+
 def _backward(f, values, upstream, dtype="float64", **kwargs):
     """(f(x) as NumPy, x.grad as NumPy) for x = values, backpropagating ``upstream``."""
     x = tt.tensor(values, dtype=dtype, requires_grad=True)
@@ -92,6 +106,12 @@ def test_gelu_backward(student):
     except tt.autograd.GradcheckError as error:
         raise AssertionError(f"gradcheck of gelu: expected backward to match central differences, got {error}") \
             from None
+    node = student.gelu(x)._ctx
+    assert isinstance(node, student.GELUTanh), f"gelu(x): expected one GELUTanh node in the graph " \
+                                               f"(GELUTanh.apply(x)), got {type(node).__name__}"
+    saved = [name for name, value in vars(node).items() if isinstance(value, np.ndarray)]
+    assert saved == ["x"] or (len(saved) == 1 and vars(node)[saved[0]] is x.data), \
+        f"GELUTanh saves only x for backward (it recomputes t): expected one saved array, got {saved}"
 
 
 @check(points=1, hint="gelu(x, approximate=...) supports only 'tanh'; anything else raises ValueError")
@@ -114,6 +134,7 @@ def test_softmax(student):
     e = np.exp(z - z.max(axis=0, keepdims=True))
     expect_close(student.softmax(tt.tensor(z), axis=0), e / e.sum(axis=0, keepdims=True),
                  "softmax([[2, 1], [0, -1], [-500, 3]], axis=0)", rtol=1e-5, atol=1e-7)
+    _expect_gradient(student.softmax, "softmax")
 
 
 @check(points=2, hint="log_softmax along axis = (x - m) - log(sum(exp(x - m))) with m = max(x) along that axis; "
@@ -128,3 +149,4 @@ def test_log_softmax(student):
     expect_close(y, _log_softmax(x, -1), "log_softmax([[1, 2, 3], [-1000, 0, 1000]]) (default axis=-1)", rtol=1e-9)
     expect_close(student.log_softmax(tt.tensor([0.0, -200.0])), [0.0, -200.0], "log_softmax([0, -200]) in float32",
                  rtol=1e-6, dtype="float32")
+    _expect_gradient(student.log_softmax, "log_softmax")

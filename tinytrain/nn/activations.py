@@ -46,7 +46,7 @@ GELU_CLIP = 10.0  # tanh(u) is exactly +-1 beyond |x| = 10 (u > 43), in float32 
 class GELUTanh(Function):
     """GELU, tanh approximation: ``0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 x^3)))``.
 
-    Backward: ``0.5 * (1 + t) + 0.5 * x * (1 - t^2) * sqrt(2/pi) * (1 + 3 * 0.044715 x^2)``
+    Backward: ``grad`` times ``0.5 * (1 + t) + 0.5 * x * (1 - t^2) * sqrt(2/pi) * (1 + 3 * 0.044715 x^2)``
     with ``t`` the tanh above. Saves only ``x`` and recomputes ``t`` in backward.
     ``x`` is clipped to [-10, 10] inside the cubic, where tanh is already exactly
     +-1, so huge inputs neither overflow nor change the result.
@@ -91,7 +91,8 @@ def softmax(x: Tensor, axis: int = -1) -> Tensor:
     """Softmax along ``axis``: ``exp(x_i) / sum_j exp(x_j)``.
 
     Positive values that sum to 1 along ``axis``. Computed as
-    ``softmax(x - max(x))``, which is equal and never overflows.
+    ``softmax(x - max(x))``, which is equal and never overflows. The result is
+    part of the graph: its gradient flows back to ``x``.
     """
     return x.softmax(axis)
 
@@ -101,6 +102,6 @@ def log_softmax(x: Tensor, axis: int = -1) -> Tensor:
 
     Computed with the log-sum-exp trick, ``(x_i - m) - log(sum_j exp(x_j - m))``
     with ``m = max(x)``, so it is finite wherever ``x`` is, unlike
-    ``log(softmax(x))``.
+    ``log(softmax(x))``. The result is part of the graph, like ``softmax``'s.
     """
     return x.log_softmax(axis)
