@@ -248,6 +248,20 @@ def test_second_backward_through_same_graph_raises(device):
         loss.backward()
 
 
+def test_a_backward_that_returns_a_bare_array_raises_naming_the_operation(device):
+    """zip(inputs, grads) used to hand the bare array's first row to the input, silently."""
+    class Bare(tt.autograd.Function):
+        def forward(self, a):
+            return a * 2
+
+        def backward(self, grad):
+            return grad * 2
+
+    x = leaf([[1.0, 2.0], [3.0, 4.0]], device)
+    with pytest.raises(TypeError, match=r"Bare\.backward must return a tuple with one gradient \(or None\) per input, got \w+"):
+        Bare.apply(x).sum().backward()
+
+
 def test_a_new_graph_through_a_freed_part_raises_the_second_time_error(device):
     """It raised AttributeError ('Mul' object has no attribute 'sequence') from the engine's heap."""
     x = leaf([1.0, 2.0], device)

@@ -888,6 +888,8 @@ def backward(tensor: Any, grad: Any = None, retain_graph: bool = False) -> None:
     it must be given, with the tensor's shape. A ``None`` from an operation's
     ``backward`` gives that input nothing, whether or not it requires grad, and an
     input that does not require grad gets nothing, whatever ``backward`` returned.
+    An operation's ``backward`` that returns anything but a tuple raises
+    ``TypeError`` naming the operation and what it returned.
     Re-entrant: an operation's ``backward`` may call ``backward`` itself.
     Reaching an operation that an earlier backward freed raises
     ``_freed_graph_error()``.
@@ -931,6 +933,9 @@ def backward(tensor: Any, grad: Any = None, retain_graph: bool = False) -> None:
             raise _freed_graph_error() from None
         incoming = output_grads.pop(fn)
         grads = fn.backward(incoming)
+        if not isinstance(grads, tuple):  # zip would hand a bare array's rows to the inputs
+            raise TypeError(f"{type(fn).__name__}.backward must return a tuple with one gradient (or None) per "
+                            f"input, got {type(grads).__name__}")
         for parent, parent_grad in zip(inputs, grads):
             if parent_grad is None or not parent.requires_grad:
                 continue

@@ -360,7 +360,8 @@ def test_engine(student):
 
 
 @check(points=1, hint="backward: a None from an operation's backward gives that input nothing (even if it requires "
-                      "grad); keep the heap and the collected gradients local to one call: a backward may call backward",
+                      "grad), and a backward that returns no tuple raises TypeError naming the operation; keep the "
+                      "heap and the collected gradients local to one call: a backward may call backward",
        after="test_engine")
 def test_engine_none_gradients_and_nested_backward(student):
     class FirstOnly(InstalledFunction):
@@ -381,6 +382,16 @@ def test_engine_none_gradients_and_nested_backward(student):
 
         def backward(self, grad):
             return grad, grad  # a gradient for the constant too, as Add's backward returns
+
+    class Bare(InstalledFunction):
+        def forward(self, a):
+            return a * 2
+
+        def backward(self, grad):
+            return grad * 2  # a bare array, not (grad * 2,): zip would give the input its first row
+
+    expect_raises(TypeError, lambda: student.backward(Bare.apply(tt.tensor([[1.0, 2.0]], requires_grad=True)).sum()),
+                  "backward through an operation whose backward returns a bare array", mentions=("Bare", "tuple"))
 
     p, constant = tt.tensor([1.0, 2.0], requires_grad=True), tt.tensor([5.0, 5.0])
     student.backward(Both.apply(p, constant).sum())

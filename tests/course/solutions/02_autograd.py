@@ -135,6 +135,8 @@ def backward(tensor, grad=None, retain_graph=False):
         incoming = grads.pop(fn)
         fn.owns_grad = owns.pop(fn)
         input_grads = fn.backward(incoming)
+        if not isinstance(input_grads, tuple):
+            raise TypeError(f"{type(fn).__name__}.backward must return a tuple, got {type(input_grads).__name__}")
         for t, g in zip(fn.inputs, input_grads):
             if g is None or not t.requires_grad:
                 continue
