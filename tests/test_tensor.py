@@ -331,6 +331,13 @@ def test_arange(device, canonical_device, args, kwargs, expected):
     assert_values(t, expected)
 
 
+@pytest.mark.parametrize("factory, dtype", [("randn", "float16"), ("rand", "int64")])
+def test_random_factories_name_a_dtype_they_cannot_draw(device, factory, dtype):
+    """NumPy said only "Unsupported dtype dtype('float16') for standard_normal"."""
+    with pytest.raises(TypeError, match=rf"random numbers come as float32 or float64, not {dtype}"):
+        getattr(tt, factory)(2, dtype=dtype, device=device)
+
+
 def test_arange_with_a_zero_step_raises_naming_it(device):
     with pytest.raises(ValueError, match=r"arange: step must not be 0, got start=0, stop=5, step=0"):
         tt.arange(0, 5, 0, device=device)  # NumPy said only 'division by zero'

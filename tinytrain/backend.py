@@ -67,13 +67,22 @@ class Backend:
         """Restart this device's random generator from ``seed``."""
         self.rng = np.random.default_rng(seed)
 
+    @staticmethod
+    def _float_dtype(dtype: Any) -> np.dtype:
+        """``dtype``, which a generator can draw in: float32 or float64 (TypeError naming it otherwise)."""
+        dtype = np.dtype(dtype)
+        if dtype not in (np.float32, np.float64):
+            raise TypeError(f"random numbers come as float32 or float64, not {dtype}; draw one of those and cast "
+                            "with .astype(...)")
+        return dtype
+
     def random_normal(self, shape: tuple[int, ...], dtype: Any = DEFAULT_FLOAT) -> Any:
         """Samples of N(0, 1)."""
-        return self.rng.standard_normal(shape, dtype=np.dtype(dtype))
+        return self.rng.standard_normal(shape, dtype=self._float_dtype(dtype))
 
     def random_uniform(self, shape: tuple[int, ...], dtype: Any = DEFAULT_FLOAT) -> Any:
         """Samples of U[0, 1)."""
-        return self.rng.random(shape, dtype=np.dtype(dtype))
+        return self.rng.random(shape, dtype=self._float_dtype(dtype))
 
     def permutation(self, n: int) -> Any:
         """A random permutation of ``range(n)`` as an int64 array."""
@@ -137,7 +146,8 @@ def parse_device(device: str) -> tuple[str, int | None]:
 
     Raises ``TypeError`` when ``device`` is not a string, and ``ValueError`` for a
     malformed name or an unknown kind of device (naming the known kinds); every
-    message names the ``device`` it was given.
+    message names the ``device`` it was given. The index after ``:`` is digits only
+    (``"cuda:0"``, ``"strict:00"``): ``"cuda:-1"`` and ``"cuda:1.5"`` are malformed.
     """
     if not isinstance(device, str):
         raise TypeError(f"a device is a string such as 'cpu' or 'cuda:0', got {device!r}")
@@ -152,7 +162,11 @@ def parse_device(device: str) -> tuple[str, int | None]:
 
 
 def get_backend(device: str | Backend | None = None) -> Backend:
-    """The (cached) backend for ``device``; ``None`` means ``"cpu"``."""
+    """The (cached) backend for ``device``; ``None`` means ``"cpu"``.
+
+    Every spelling of one device gives the same object: ``"cpu"`` and ``"cpu:0"``
+    (there is one CPU), ``"strict"``, ``"strict:0"`` and ``"strict:00"``.
+    """
     if isinstance(device, Backend):
         return device
     if device is None:

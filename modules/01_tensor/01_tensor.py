@@ -122,13 +122,22 @@ class Backend:
         """Restart this device's random generator from ``seed``."""
         self.rng = np.random.default_rng(seed)
 
+    @staticmethod
+    def _float_dtype(dtype: Any) -> np.dtype:
+        """``dtype``, which a generator can draw in: float32 or float64 (TypeError naming it otherwise)."""
+        dtype = np.dtype(dtype)
+        if dtype not in (np.float32, np.float64):
+            raise TypeError(f"random numbers come as float32 or float64, not {dtype}; draw one of those and cast "
+                            "with .astype(...)")
+        return dtype
+
     def random_normal(self, shape: tuple[int, ...], dtype: Any = DEFAULT_FLOAT) -> Any:
         """Samples of N(0, 1)."""
-        return self.rng.standard_normal(shape, dtype=np.dtype(dtype))
+        return self.rng.standard_normal(shape, dtype=self._float_dtype(dtype))
 
     def random_uniform(self, shape: tuple[int, ...], dtype: Any = DEFAULT_FLOAT) -> Any:
         """Samples of U[0, 1)."""
-        return self.rng.random(shape, dtype=np.dtype(dtype))
+        return self.rng.random(shape, dtype=self._float_dtype(dtype))
 
     def permutation(self, n: int) -> Any:
         """A random permutation of ``range(n)`` as an int64 array."""
@@ -207,7 +216,8 @@ def parse_device(device: str) -> tuple[str, int | None]:
 
     Raises ``TypeError`` when ``device`` is not a string, and ``ValueError`` for a
     malformed name or an unknown kind of device (naming the known kinds); every
-    message names the ``device`` it was given.
+    message names the ``device`` it was given. The index after ``:`` is digits only
+    (``"cuda:0"``, ``"strict:00"``): ``"cuda:-1"`` and ``"cuda:1.5"`` are malformed.
     """
     ### BEGIN SOLUTION
     if not isinstance(device, str):
@@ -224,7 +234,11 @@ def parse_device(device: str) -> tuple[str, int | None]:
 
 
 def get_backend(device: str | Backend | None = None) -> Backend:
-    """The (cached) backend for ``device``; ``None`` means ``"cpu"``."""
+    """The (cached) backend for ``device``; ``None`` means ``"cpu"``.
+
+    Every spelling of one device gives the same object: ``"cpu"`` and ``"cpu:0"``
+    (there is one CPU), ``"strict"``, ``"strict:0"`` and ``"strict:00"``.
+    """
     if isinstance(device, Backend):
         return device
     if device is None:
@@ -299,7 +313,8 @@ print("registry OK")
 # batch), or, worse, never fails: `int(2.5)` is 2, so a shape `(2.5, 3)` would
 # quietly become `(2, 3)`.
 #
-# The checks are given helpers in `tinytrain.arguments`, used from here on:
+# The checks are given helpers in `tinytrain.arguments`, used from here on
+# (`parse_device`, above, comes first and checks its argument itself):
 # `check_int`, `check_number` (with bounds), `check_type`, `check_callable` and
 # `check_methods` (for "anything with a `step()` method"). Each returns the
 # value, so a check is one line: `self.p = check_number("p", p, minimum=0, below=1)`.
@@ -798,7 +813,8 @@ class Tensor:
 #    loaded backend (a NumPy array is on the CPU, a CuPy array on a GPU) is found
 #    by `backend_of_array`; anything else (a list, a number) is host data:
 #    `np.asarray` it and treat it as CPU data. Only numbers (bool, int, float
-#    kinds) can become tensors.
+#    kinds) can become tensors: anything else raises `TypeError` naming the
+#    dtype as NumPy prints it (`<U1` for strings).
 # 2. **Move it** if `device` names another backend: `target.from_host(source.to_host(array))`.
 # 3. **Cast it** to `dtype`, or to `default_dtype(...)` of the data's dtype when
 #    none is given (a tensor's own dtype is kept as it is), and row-major:

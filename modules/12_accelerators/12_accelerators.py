@@ -725,13 +725,6 @@ class CupyBackend(Backend):
         self._generator.seed(np.uint64(self._draws.next_seed()))
         return self._generator
 
-    @staticmethod
-    def _float_dtype(dtype: Any) -> np.dtype:
-        dtype = np.dtype(dtype)
-        if dtype not in (np.float32, np.float64):
-            raise TypeError(f"random numbers on a GPU come as float32 or float64, not {dtype}")
-        return dtype
-
     def random_normal(self, shape: tuple[int, ...], dtype: Any = DEFAULT_FLOAT) -> Any:
         dtype = self._float_dtype(dtype)
         return self._rng().standard_normal(shape, dtype=dtype)

@@ -31,7 +31,7 @@ def test_parse_device_errors(student):
 
 
 @check(points=2, hint="get_backend caches one backend per device: every spelling of a device ('strict', "
-                      "'strict:0', 'strict:00') gives the one object made for its normalised name",
+                      "'strict:0', 'strict:00'; 'cpu' and 'cpu:0') gives the one object made for its normalised name",
        after="test_parse_device")
 def test_get_backend_caches(student):
     cpu = student.get_backend("cpu")
@@ -40,6 +40,7 @@ def test_get_backend_caches(student):
     assert cpu.xp is np, f"the CPU backend's xp: expected numpy, got {cpu.xp!r}"
     expect_equal(cpu.device, "cpu", "get_backend('cpu').device")
     assert student.get_backend(cpu) is cpu, "get_backend(backend): expected the Backend passed in, got another object"
+    assert student.get_backend("cpu:0") is cpu, "get_backend('cpu:0'): expected the one CPU backend, got another"
     strict = student.get_backend("strict")
     assert strict is student.get_backend("strict:0"), \
         "get_backend('strict') and get_backend('strict:0'): expected one object, got two"
@@ -191,6 +192,12 @@ def test_randn_rand(student):
     first = student.randn(3, 4)
     student.manual_seed(0)
     expect_equal(student.randn(3, 4).numpy(), first.numpy(), "randn(3, 4) after manual_seed(0) again")
+    for name, draw in (("randn", "random_normal"), ("rand", "random_uniform")):
+        student.manual_seed(0)
+        expected = getattr(student.get_backend("cpu"), draw)((3, 4))  # the device's own generator, not np.random's
+        student.manual_seed(0)
+        expect_equal(getattr(student, name)(3, 4).numpy(), expected, f"{name}(3, 4) after manual_seed(0): the draws "
+                     f"of get_backend('cpu').{draw}((3, 4)) after the same seed")
     expect_equal((first.shape, first.dtype), ((3, 4), np.dtype("float32")), "randn(3, 4) (shape, dtype)")
     normal = student.randn(20_000, dtype="float64").numpy()
     expect_equal(normal.dtype, np.dtype("float64"), "randn(20000, dtype='float64').dtype")
