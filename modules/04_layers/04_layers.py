@@ -165,6 +165,10 @@ class Module:
     def __setattr__(self, name: str, value: Any) -> None:
         """Register ``Parameter`` and ``Module`` values; keep buffers up to date.
 
+        Assigning any other value to the name of a registered parameter or module
+        removes that registration (``model.scale = 3.0`` makes ``scale`` a plain
+        attribute, no longer in ``parameters()``).
+
         A ``Tensor`` or ``None`` assigned to the name of a registered buffer replaces
         the buffer, which stays registered (also while it is ``None``); a plain
         ``Tensor`` assigned to any other name is an ordinary attribute, not a buffer
@@ -217,7 +221,8 @@ class Module:
 
     # -- walking the tree ------------------------------------------------------------
     def named_modules(self, prefix: str = "") -> list[tuple[str, "Module"]]:
-        """``(name, module)`` for this module (name ``prefix``) and every descendant, once each."""
+        """``(name, module)`` for this module (name ``prefix``) and every descendant, once each:
+        depth first, children in registration order (``""``, ``"a"``, ``"a.inner"``, ``"b"``)."""
         ### BEGIN SOLUTION
         found: list[tuple[str, Module]] = []
         seen: set[int] = set()

@@ -90,6 +90,11 @@ def test_named_modules(student):
     expect_equal(_names(root.named_parameters()), ["scale", "first.w", "second.w"], "named_parameters() names")
     expect_equal(len(root.parameters()), 3, "len(parameters())")
     expect_equal(len(root.modules()), 3, "len(modules())")
+    deep = student.Module()
+    deep.a, deep.b = student.Module(), student.Module()
+    deep.a.inner = student.Module()
+    expect_equal(_names(deep.named_modules()), ["", "a", "a.inner", "b"],
+                 "named_modules() of a root with children a (which has a child inner) and b: depth first")
 
 
 @check(points=2, hint="to(device, dtype) changes every parameter, gradient and buffer in place (same objects), on its "
@@ -156,6 +161,13 @@ def test_load_state_dict(student):
     assert "first.w" in result.missing_keys, f"missing_keys with strict=False: expected 'first.w' in it, " \
                                              f"got {result.missing_keys}"
     expect_equal(root.scale.numpy(), np.array([7.0], dtype=np.float32), "scale after the strict=False load")
+    expect_raises(RuntimeError, lambda: root.load_state_dict({"first.w": np.ones(5)}, strict=False),
+                  "load_state_dict(strict=False) with 'first.w' of shape (5,) for a (2,) parameter (a shape mismatch "
+                  "raises always)", mentions=("first.w", "(2,)", "(5,)"))
+    expect_raises(RuntimeError, lambda: root.load_state_dict({**state, "second.w": np.ones(9)}),
+                  "load_state_dict with a bad shape for 'second.w' only", mentions=("second.w",))
+    expect_equal(root.first.w.numpy(), np.array([1.0, 2.0], dtype=np.float32), "first.w after a load that raised on "
+                 "a later key, second.w (check every value before copying any)")
 
     other = _tree(student)
     other.first.w.data[...] = [5.0, 6.0]
@@ -188,7 +200,7 @@ def test_linear_backward(student):
     upstream = RNG.standard_normal((2, 3, 5))
     frozen = w.detach()
     x.grad = b.grad = None
-    fused(x, frozen, b).backward(tt.tensor(upstream))
+    fused(x, frozen, b).backward(tt.tensor(upstream, dtype="float64"))  # grad's dtype is the inputs' here
     expect_close(x.grad, upstream @ w.numpy(), "x.grad = G W with a weight that needs no grad", rtol=1e-10)
     expect_close(b.grad, upstream.reshape(-1, 5).sum(axis=0), "bias.grad with a weight that needs no grad", rtol=1e-10)
     expect_equal(frozen.grad, None, "the frozen weight's grad")
