@@ -630,6 +630,14 @@ class LinearFunction(Function):
         ### END SOLUTION
 
 
+def check_floating_input(operation: str, x: Tensor) -> None:
+    """TypeError naming ``x``'s dtype and shape unless it holds floats: NumPy would quietly make
+    an integer input times a float32 weight a float64 product, and so every later layer."""
+    if x.dtype.kind not in "fc":
+        raise TypeError(f"{operation}: expected a floating-point input, got {x.dtype} of shape {x.shape}; convert it "
+                        f"with x.astype('float32')")
+
+
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     """``x @ weight.T + bias``: ``x`` is ``(..., in)``, ``weight`` ``(out, in)``, ``bias`` ``(out,)``.
 
@@ -641,9 +649,7 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
             f"linear: expected input of shape (..., {weight.shape[1]}) for a weight of shape "
             f"{weight.shape}, got input of shape {x.shape}"
         )
-    if x.dtype.kind not in "fc":  # NumPy would quietly make int @ float32 a float64 product, and so every later layer
-        raise TypeError(f"linear: expected a floating-point input, got {x.dtype} of shape {x.shape}; convert it "
-                        f"with x.astype('float32')")
+    check_floating_input("linear", x)
     operands = [x._operand(weight)] + ([] if bias is None else [x._operand(bias)])
     if x.ndim <= 2:
         return LinearFunction.apply(x, *operands)

@@ -219,7 +219,7 @@ import numpy as np
 from tinytrain.runtime import allocator
 from tinytrain.autograd import Function
 from tinytrain.kernels import winograd
-from tinytrain.nn.layers import _uniform_parameter
+from tinytrain.nn.layers import _uniform_parameter, check_floating_input
 from tinytrain.nn.normalization import _BatchNorm
 from tinytrain.nn.module import Module
 from tinytrain.tensor import Tensor
@@ -696,9 +696,7 @@ def conv2d(x: Tensor, weight: Tensor, bias: Tensor | None = None, stride: Any = 
             raise TypeError("conv2d: give the bias once, as bias= or as b=")
         bias = b
     stride, padding = _pair(stride, "stride"), _pair(padding, "padding", minimum=0)
-    if x.dtype.kind not in "fc":  # as in linear: an integer image would make every later layer float64
-        raise TypeError(f"conv2d: expected a floating-point input, got {x.dtype} of shape {x.shape}; convert it "
-                        f"with x.astype('float32')")
+    check_floating_input("conv2d", x)
     ### BEGIN SOLUTION
     if x.ndim != 4:
         raise ValueError(f"conv2d expects input of shape (N, C, H, W), got {x.shape}")
