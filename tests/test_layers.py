@@ -6,6 +6,7 @@ Every test runs on every device.
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 import pytest
@@ -246,11 +247,16 @@ def test_flatten(device) -> None:
     out = nn.Flatten()(x)
     assert out.shape == (2, 60)
     np.testing.assert_array_equal(out.numpy(), x.numpy().reshape(2, 60))
-    assert nn.Flatten()(randn(device, 3)).shape == (3, 1)
+    assert nn.Flatten()(randn(device, 3, 1)).shape == (3, 1)
     assert nn.Flatten()(tt.zeros(0, 2, 2, device=device)).shape == (0, 4)
     assert tt.gradcheck(nn.Flatten(), [randn(device, 2, 3, 2, requires_grad=True)])
-    with pytest.raises(ValueError):
-        nn.Flatten()(tt.tensor(1.0, device=device))
+
+
+@pytest.mark.parametrize("shape", [(), (784,)])
+def test_flatten_without_a_feature_axis_raises_naming_the_shape(device, shape) -> None:
+    """As PyTorch's Flatten: an unbatched (784,) sample became 784 samples of one feature, shape (784, 1)."""
+    with pytest.raises(ValueError, match=re.escape(f"Flatten needs a batch axis and at least one more, got shape {shape}")):
+        nn.Flatten()(tt.zeros(*shape, device=device))
 
 
 # -- Dropout ----------------------------------------------------------------------------------

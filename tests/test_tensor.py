@@ -4,6 +4,7 @@ operator syntax and error messages. Op values and gradients are in
 from __future__ import annotations
 
 import operator
+import re
 
 import numpy as np
 import pytest
@@ -338,6 +339,32 @@ def test_random_factories_name_a_dtype_they_cannot_draw(device, factory, dtype):
         getattr(tt, factory)(2, dtype=dtype, device=device)
 
 
+@pytest.mark.parametrize("dtype", ["complex64", "U3", object, "datetime64[s]"])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda dtype, device: tt.tensor([1, 2], dtype=dtype, device=device),
+        lambda dtype, device: tt.Tensor([1.0], dtype=dtype, device=device),
+        lambda dtype, device: tt.zeros(2, dtype=dtype, device=device),
+        lambda dtype, device: tt.ones(2, dtype=dtype, device=device),
+        lambda dtype, device: tt.arange(3, dtype=dtype, device=device),
+        lambda dtype, device: tt.tensor([1.0], device=device).astype(dtype),
+    ],
+    ids=["tensor", "Tensor", "zeros", "ones", "arange", "astype"],
+)
+def test_a_dtype_no_tensor_can_hold_raises_naming_it(device, make, dtype):
+    """Each of these made a complex, string, object or date tensor, which tensor(complex data) refuses."""
+    message = f"a tensor holds bool, integer or floating-point numbers, not dtype={np.dtype(dtype)}"
+    with pytest.raises(TypeError, match=re.escape(message)):
+        make(dtype, device)
+
+
+def test_a_device_that_is_not_a_string_raises_naming_it():
+    """get_backend(['cpu']) said only "unhashable type: 'list'"."""
+    with pytest.raises(TypeError, match=r"a device is a string such as 'cpu' or 'cuda:0', got \['cpu'\]"):
+        tt.zeros(2, device=["cpu"])
+
+
 def test_arange_with_a_zero_step_raises_naming_it(device):
     with pytest.raises(ValueError, match=r"arange: step must not be 0, got start=0, stop=5, step=0"):
         tt.arange(0, 5, 0, device=device)  # NumPy said only 'division by zero'
@@ -382,6 +409,13 @@ def test_where(device):
     b = tt.tensor([-1.0, -2.0, -3.0], device=device)
     assert_values(tt.where(cond, a, b), [1.0, -2.0, 3.0])
     assert_values(tt.where(a > 1.5, a, b), [-1.0, 2.0, 3.0])
+
+
+def test_where_of_shapes_that_do_not_broadcast_names_all_three(device):
+    """The message named a's and b's shapes as if they were the only operands."""
+    with pytest.raises(ValueError, match=r"where: condition of shape \(2,\), a of shape \(3,\) and b of shape "
+                                         r"\(1,\) do not broadcast together"):
+        tt.where(tt.tensor([True, False], device=device), tt.ones(3, device=device), tt.zeros(1, device=device))
 
 
 # -- operator syntax, dtype preservation ------------------------------------------------

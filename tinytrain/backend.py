@@ -171,7 +171,7 @@ def get_backend(device: str | Backend | None = None) -> Backend:
         return device
     if device is None:
         device = "cpu"
-    backend = _BACKENDS.get(device)
+    backend = _BACKENDS.get(device) if isinstance(device, str) else None  # parse_device names anything else
     if backend is None:
         kind, index = parse_device(device)
         name = kind if kind == "cpu" else f"{kind}:{index or 0}"

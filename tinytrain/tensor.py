@@ -22,6 +22,18 @@ int64 = np.dtype("int64")
 bool_ = np.dtype("bool")
 
 
+def tensor_dtype(dtype: Any) -> np.dtype:
+    """``dtype`` as a NumPy dtype, if a tensor can hold it (bool, integer or floating point).
+
+    Every ``dtype=`` a user passes goes through here, so ``zeros(2, dtype="complex64")``
+    raises ``TypeError`` naming the dtype, as ``Tensor`` of complex data does.
+    """
+    dtype = np.dtype(dtype)
+    if dtype.kind not in "biuf":
+        raise TypeError(f"a tensor holds bool, integer or floating-point numbers, not dtype={dtype}")
+    return dtype
+
+
 def default_dtype(dtype: np.dtype) -> np.dtype:
     """The dtype a tensor gets for data of ``dtype`` when none is asked for."""
     if dtype == float64:
@@ -80,7 +92,7 @@ class Tensor:
     __hash__ = object.__hash__  # `==` builds a tensor, so hash by identity
 
     def __init__(self, data: Any, requires_grad: bool = False, dtype: Any = None, device: Any = None) -> None:
-        self.data, self._backend = to_array(data, dtype, device)
+        self.data, self._backend = to_array(data, None if dtype is None else tensor_dtype(dtype), device)
         self.grad: Tensor | None = None
         self._ctx = None
         self.requires_grad = False
@@ -170,7 +182,7 @@ class Tensor:
 
     def astype(self, dtype: Any) -> "Tensor":
         """A copy cast to ``dtype`` (differentiable between float dtypes)."""
-        dtype = np.dtype(dtype)
+        dtype = tensor_dtype(dtype)
         if dtype == self.dtype:
             return self
         return ops.Cast.apply(self, dtype=dtype)
@@ -381,7 +393,7 @@ def tensor(data: Any, requires_grad: bool = False, dtype: Any = None, device: An
 def _filled(fill: Any, shape: Shape, dtype: Any, device: Any, requires_grad: bool) -> Tensor:
     """A tensor of ``shape`` (a tuple, from ``_shape_arg``) whose array ``fill(backend, shape, dtype)`` makes."""
     backend = get_backend(device)
-    dtype = DEFAULT_FLOAT if dtype is None else np.dtype(dtype)
+    dtype = DEFAULT_FLOAT if dtype is None else tensor_dtype(dtype)
     array = fill(backend, shape, dtype)
     return Tensor._make(array, backend).requires_grad_(requires_grad)
 
@@ -440,4 +452,9 @@ def where(condition: Any, a: Any, b: Any) -> Tensor:
     """Elementwise ``a if condition else b``; gradients flow to ``a`` and ``b``."""
     anchor = a if isinstance(a, Tensor) else b if isinstance(b, Tensor) else Tensor(a)
     condition = anchor._operand(condition).data.astype(bool, copy=False)
-    return ops.Where.apply(anchor._operand(a), anchor._operand(b), condition=condition)
+    a, b = anchor._operand(a), anchor._operand(b)
+    try:
+        return ops.Where.apply(a, b, condition=condition)
+    except ValueError as error:  # Where's own message names a and b only: the condition is a parameter
+        raise ValueError(f"where: condition of shape {condition.shape}, a of shape {a.shape} and b of shape "
+                         f"{b.shape} do not broadcast together") from error

@@ -853,12 +853,15 @@ class Flatten(Module):
     """``(N, d1, d2, ...) -> (N, d1 * d2 * ...)``: keeps the batch axis, flattens the rest.
 
     Works for an empty batch too (``N = 0``), where ``reshape(N, -1)`` cannot tell
-    the size of the rest: compute it as the product of ``d1, d2, ...``.
+    the size of the rest: compute it as the product of ``d1, d2, ...``. An input
+    with fewer than two axes raises ``ValueError`` (as PyTorch's ``Flatten`` does):
+    a single unbatched sample of shape ``(784,)`` would become 784 samples of one feature.
     """
 
     def forward(self, x: Tensor) -> Tensor:
-        if x.ndim == 0:
-            raise ValueError("Flatten needs an input with a batch axis, got a 0-d tensor")
+        if x.ndim < 2:
+            raise ValueError(f"Flatten needs a batch axis and at least one more, got shape {x.shape}; "
+                             f"for one unbatched sample use x.reshape(1, -1)")
         return x.reshape(x.shape[0], math.prod(x.shape[1:]))
 
 
