@@ -8,7 +8,7 @@ import numpy as np
 
 import tinytrain as tt
 from tinytrain.backend import memory_order
-from tinytrain.course.checks import check, expect_close, expect_equal, expect_raises
+from tinytrain.course.checks import check, expect_close, expect_equal, expect_gradcheck, expect_raises
 
 RNG = np.random.default_rng(0)
 
@@ -193,8 +193,13 @@ def test_linear_backward(student):
     x = tt.tensor(RNG.standard_normal((2, 3, 4)), dtype="float64", requires_grad=True)
     w = tt.tensor(RNG.standard_normal((5, 4)), dtype="float64", requires_grad=True)
     b = tt.tensor(RNG.standard_normal(5), dtype="float64", requires_grad=True)
-    assert tt.gradcheck(fused, [x, w, b]), "gradcheck of LinearFunction(x, weight, bias)"
-    assert tt.gradcheck(fused, [x, w]), "gradcheck of LinearFunction(x, weight) without a bias"
+    try:
+        expect_gradcheck(fused, [x, w, b], "gradcheck of LinearFunction(x, weight, bias) with x of shape (2, 3, 4)")
+    except ValueError as error:  # typically G^T X written for 2-D x only
+        raise AssertionError(f"LinearFunction(x, weight, bias) with x of shape (2, 3, 4), weight (5, 4): expected "
+                             f"gradients summed over all leading axes of x (grad_weight = G^T X over its 6 rows), "
+                             f"got ValueError: {error}") from None
+    expect_gradcheck(fused, [x, w], "gradcheck of LinearFunction(x, weight) without a bias")
 
     # a frozen weight: x still gets its gradient, the weight none
     upstream = RNG.standard_normal((2, 3, 5))

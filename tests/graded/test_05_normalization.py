@@ -7,7 +7,7 @@ backward, LayerNorm and BatchNorm (training, running statistics, evaluation).
 import numpy as np
 
 import tinytrain as tt
-from tinytrain.course.checks import check, expect_close, expect_equal, expect_raises
+from tinytrain.course.checks import check, expect_close, expect_equal, expect_gradcheck, expect_raises
 
 RNG = np.random.default_rng(0)
 
@@ -53,9 +53,9 @@ def test_dropout(student, monkeypatch):
 @check(points=2, hint="Normalize.backward: inv_std * (g - mean(g) - x_hat * mean(g * x_hat)), means over axes")
 def test_normalize_backward(student):
     x = tt.tensor(RNG.standard_normal((4, 3, 2)), dtype="float64", requires_grad=True)
-    assert tt.gradcheck(lambda t: student.normalize(t, (0, 2))[0], [x]), "gradcheck of normalize over axes (0, 2)"
-    assert tt.gradcheck(lambda t: student.normalize(t, (1, 2), eps=1e-3)[0] * t, [x]), \
-        "gradcheck of normalize(x, (1, 2), eps=1e-3) * x"
+    expect_gradcheck(lambda t: student.normalize(t, (0, 2))[0], [x], "gradcheck of normalize over axes (0, 2)")
+    expect_gradcheck(lambda t: student.normalize(t, (1, 2), eps=1e-3)[0] * t, [x],
+                     "gradcheck of normalize(x, (1, 2), eps=1e-3) * x")
 
 
 def _layer_norm_reference(x, weight, bias, axes, eps):
@@ -83,8 +83,8 @@ def test_layer_norm(student):
                  "LayerNorm(4, eps=0.5) (eps = 0.5 under the square root)", rtol=1e-4, atol=1e-5)
     layer.to(dtype="float64")
     gx = tt.tensor(RNG.standard_normal((2, 3, 4)), dtype="float64", requires_grad=True)
-    assert tt.gradcheck(lambda t, w, b: layer(t), [gx, layer.weight, layer.bias]), \
-        "gradcheck of LayerNorm((3, 4)) in x, weight and bias"
+    expect_gradcheck(lambda t, w, b: layer(t), [gx, layer.weight, layer.bias],
+                     "gradcheck of LayerNorm((3, 4)) in x, weight and bias")
     expect_raises(ValueError, lambda: layer(tt.zeros(2, 4, 3, dtype="float64")), "LayerNorm((3, 4)) of a (2, 4, 3) input",
                   mentions=("(2, 4, 3)",))
     expect_raises(ValueError, lambda: student.LayerNorm(3)(tt.zeros(2, 1)), "LayerNorm(3) of a (2, 1) input",
@@ -150,8 +150,8 @@ def test_batch_norm_training(student):
 
     norm.to(dtype="float64")
     gx = tt.tensor(RNG.standard_normal((6, 3)), dtype="float64", requires_grad=True)
-    assert tt.gradcheck(lambda t, w, b: norm(t), [gx, norm.weight, norm.bias]), \
-        "gradcheck of BatchNorm1d(3) in training mode in x, weight and bias"
+    expect_gradcheck(lambda t, w, b: norm(t), [gx, norm.weight, norm.bias],
+                     "gradcheck of BatchNorm1d(3) in training mode in x, weight and bias")
 
 
 @check(points=1, hint="BatchNorm training mode needs at least two values per channel: a (1, C) batch raises ValueError "

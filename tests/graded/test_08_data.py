@@ -6,7 +6,6 @@ its properties (a permutation per epoch, new each epoch, reproducible from the
 seed, resumable), not against one particular random sequence.
 """
 import numpy as np
-import pytest
 
 import tinytrain as tt
 from tinytrain.course.checks import check, expect_equal, expect_raises

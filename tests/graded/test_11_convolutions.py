@@ -17,7 +17,7 @@ import nbformat
 import numpy as np
 
 import tinytrain as tt
-from tinytrain.course.checks import check, expect_close, expect_equal, expect_raises
+from tinytrain.course.checks import check, expect_close, expect_equal, expect_gradcheck, expect_raises
 from tinytrain.course.inventory import installed_modules
 
 RNG = np.random.default_rng(9)
@@ -128,14 +128,6 @@ def t64(array, requires_grad=False):
 
 def pair(value):
     return (value, value) if isinstance(value, int) else value
-
-
-def expect_gradcheck(fn, inputs, what):
-    """``tt.gradcheck(fn, inputs)``, its failure prefixed with what was checked."""
-    try:
-        tt.gradcheck(fn, inputs)
-    except AssertionError as error:
-        raise AssertionError(f"{what}: the gradients differ from central differences: {error}") from None
 
 
 # (kernel, stride) of the pooling checks on a 6x8 input: the windows tile it; they overlap;

@@ -14,7 +14,7 @@ import math
 import numpy as np
 
 import tinytrain as tt
-from tinytrain.course.checks import check, expect_close, expect_equal
+from tinytrain.course.checks import check, expect_close, expect_equal, expect_gradcheck
 
 RNG = np.random.default_rng(14)
 
@@ -121,13 +121,6 @@ def ref_self_attention(x, layer, keep_weights=None, keep_out=None):
 
 def t64(array, requires_grad=False):
     return tt.tensor(np.asarray(array, dtype=np.float64), dtype="float64", requires_grad=requires_grad)
-
-
-def expect_gradcheck(fn, inputs, what):
-    try:
-        tt.gradcheck(fn, inputs)
-    except AssertionError as error:
-        raise AssertionError(f"{what}: expected the gradients of central differences, got: {error}") from None
 
 
 def dropout_keep(shape, p, seed):

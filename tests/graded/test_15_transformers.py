@@ -12,7 +12,7 @@ import math
 import numpy as np
 
 import tinytrain as tt
-from tinytrain.course.checks import check, expect_close, expect_equal
+from tinytrain.course.checks import check, expect_close, expect_equal, expect_gradcheck
 
 RNG = np.random.default_rng(15)
 
@@ -71,7 +71,7 @@ def test_block_pre_ln(student):
     if np.allclose(got.numpy(), post_ln.numpy()):
         raise AssertionError("Block: got the post-LN order LN(x + attn(x)); expected pre-LN x + attn(ln_1(x))")
     expect_close(got, want, "Block(x) = h + mlp(ln_2(h)) with h = x + attn(ln_1(x))", rtol=1e-10, atol=1e-12)
-    tt.gradcheck(lambda x: block(x), [x])
+    expect_gradcheck(lambda x: block(x), [x], "gradcheck of Block in float64")
 
 
 # -- the model ----------------------------------------------------------------------------------------
@@ -126,7 +126,8 @@ def test_forward_and_loss(student):
     want = -log_probs[np.arange(21), targets.reshape(-1)].mean()
     expect_close(result[1].item(), want, "the loss: mean cross-entropy over all B*T = 21 positions", rtol=1e-9)
     params = [model.wte.weight, model.h[1].attn.c_attn.weight]
-    tt.gradcheck(lambda a, b: model(tt.tensor(idx), targets=tt.tensor(targets))[1], params)
+    expect_gradcheck(lambda a, b: model(tt.tensor(idx), targets=tt.tensor(targets))[1], params,
+                     "gradcheck of GPT's loss in wte.weight and h[1].attn.c_attn.weight")
     # dropout after the embeddings: the same random draws as the composition in this order
     train = float64_model(student, dropout=0.3).train()
     tt.manual_seed(3)

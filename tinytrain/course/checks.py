@@ -159,3 +159,19 @@ def expect_raises(exception: type[BaseException], call: Callable[[], Any], what:
     except Exception as error:
         raise AssertionError(f"{what}: expected {exception.__name__}, got {type(error).__name__}: {error}") from None
     raise AssertionError(f"{what}: expected {exception.__name__}, but it returned {_show(_host(result))}")
+
+
+def expect_gradcheck(fn: Callable[..., Any], inputs: list[Any], what: str) -> None:
+    """``tt.gradcheck(fn, inputs)`` passes, or an AssertionError saying what was checked and the worst mismatch.
+
+    ``gradcheck`` raises rather than returning False, so ``assert tt.gradcheck(...), what`` never shows ``what``.
+    """
+    import tinytrain as tt  # the installed gradcheck: a student's Module 02 once exported
+
+    try:
+        passed = tt.gradcheck(fn, inputs)
+    except AssertionError as error:
+        raise AssertionError(f"{what}: expected backward's gradients to match central differences, got {error}") \
+            from None
+    if passed is not True:
+        raise AssertionError(f"{what}: expected gradcheck to pass, it returned {passed!r}")
