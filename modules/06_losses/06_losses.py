@@ -263,7 +263,9 @@ print("-log_softmax: ", fused.item(), " gradient:", logits.grad.numpy())
 # * **forward**, per row with $m = \max_j z_j$:
 #   $L_i = \log \sum_j e^{z_{ij} - m} - (z_{i y_i} - m)$. Keep
 #   $\operatorname{softmax}(z)$ (one $N \times C$ array) for backward — it is
-#   `exp(z - m)` divided by its row sum, both already computed;
+#   `exp(z - m)` divided by its row sum, both already computed. Leave the
+#   logits array as it is: it is the caller's tensor's data, so `z - m` (a new
+#   array), never `z -= m`;
 # * **backward**: `probs * g`, then subtract `g` at each row's target column,
 #   where `g` is the gradient of each sample's loss (`_unreduce`): one number for
 #   "mean" and "sum", a vector of $N$ for "none" — there, scale the rows with the
@@ -468,6 +470,12 @@ print("cross_entropy OK")
 # its $\sigma(x)$ from the same $e^{-|x|}$ (Module 02's stable sigmoid,
 # $\sigma(x) = 1/(1 + e^{-|x|})$ for $x \ge 0$, $e^{-|x|}/(1 + e^{-|x|})$ otherwise):
 # `1 / (1 + exp(-x))` overflows for $x \ll 0$, and NumPy warns.
+#
+# Both backwards multiply the slope by each element's share of the upstream
+# gradient (`_unreduce`, as for cross-entropy), and write into a new array: what
+# forward saved (`self.probs`, the sigmoid) must stay as it was for a second
+# backward through the same graph. Both losses keep the input's dtype: cast the
+# target to it (`target.astype(probs.dtype)`) before `apply`.
 
 # %% export="nn/losses"
 LOG_FLOOR = -100.0  # PyTorch's BCELoss clamps log(p) and log(1 - p) here
@@ -477,7 +485,8 @@ GRAD_EPS = 1e-12  # ... and p * (1 - p) here in the gradient
 class BinaryCrossEntropy(Function):
     """``-(t * log(p) + (1 - t) * log(1 - p))``, each log clamped at -100.
 
-    Backward: ``(p - t) / max(p * (1 - p), 1e-12)``, as in PyTorch.
+    Backward: ``(p - t) / max(p * (1 - p), 1e-12)``, as in PyTorch, times each
+    element's share of ``grad`` (``_unreduce``).
     """
 
     def forward(self, probs: Any, target: Any, reduction: str) -> Any:
@@ -501,7 +510,8 @@ class BinaryCrossEntropy(Function):
 class BinaryCrossEntropyWithLogits(Function):
     """``max(x, 0) - x * t + log(1 + exp(-|x|))``: BCE of ``sigmoid(x)``, stable for any x.
 
-    Backward: ``sigmoid(x) - t``, with a sigmoid from ``exp(-|x|)`` that cannot overflow.
+    Backward: ``sigmoid(x) - t`` times each element's share of ``grad`` (``_unreduce``),
+    with a sigmoid from ``exp(-|x|)`` that cannot overflow.
     """
 
     def forward(self, logits: Any, target: Any, reduction: str) -> Any:
@@ -525,7 +535,7 @@ def binary_cross_entropy(probs: Tensor, target: Any, reduction: str = "mean") ->
 
     ``probs`` in [0, 1] (ValueError otherwise), ``target`` of the same shape
     (ValueError naming both shapes). Each log is clamped at -100, like PyTorch,
-    so the loss is finite even at p = 0 or 1. Prefer
+    so the loss is finite even at p = 0 or 1. The loss has ``probs``' dtype. Prefer
     :func:`binary_cross_entropy_with_logits` on raw scores.
     """
     _check_reduction(reduction)
@@ -548,7 +558,7 @@ def binary_cross_entropy_with_logits(logits: Tensor, target: Any, reduction: str
 
     ``mean(max(x, 0) - x * t + log(1 + exp(-|x|)))``; gradient ``sigmoid(x) - t``
     (divided by the number of elements for "mean"). ``target`` must have the logits'
-    shape (ValueError naming both).
+    shape (ValueError naming both). The loss has the logits' dtype.
     """
     _check_reduction(reduction)
     target = _as_target(target, logits)
@@ -614,8 +624,11 @@ print("naive loss is infinite from x =", far[np.isinf(bce_curves(far)[2])].max()
 # %% [markdown]
 # The gradients differ even more. At $x = -50$, a confidently wrong model,
 # the logits version sends back $\sigma(x) - 1 \approx -1$: "move up, fast". Through
-# probabilities, the loss's slope in $p$ is huge but $\sigma'(x) \approx 10^{-22}$
-# multiplies it to almost nothing — the model barely learns from its worst mistakes.
+# probabilities the chain rule would give the same in exact arithmetic: the slope
+# in $p$, $-1/p \approx -5 \cdot 10^{21}$, times $\sigma'(x) \approx 2 \cdot 10^{-22}$.
+# But the clamp that keeps $p = 0$ finite (the $10^{-12}$ under $p(1-p)$) caps the
+# slope at about $10^{12}$, and $\sigma'(x)$ multiplies that to almost nothing —
+# the model barely learns from its worst mistakes.
 
 # %%
 for name, loss_of_logit in [("with logits", lambda x: binary_cross_entropy_with_logits(x, [1.0])),

@@ -8,7 +8,7 @@ are computed independently, in float64 NumPy.
 import numpy as np
 
 import tinytrain as tt
-from tinytrain.course.checks import check, expect_close, expect_equal, expect_raises
+from tinytrain.course.checks import check, expect_close, expect_equal, expect_gradcheck, expect_raises
 
 
 # -- NumPy references (float64) -----------------------------------------------------------
@@ -75,8 +75,10 @@ def test_cross_entropy_values(student):
         expect_close(loss, reduce(expected, reduction), f"cross_entropy of (5, 4) float32 logits, "
                      f"reduction={reduction!r}", rtol=1e-5, atol=1e-6, dtype="float32")
     module = student.CrossEntropyLoss()
-    expect_close(module(tt.tensor(z), tt.tensor(y)).item(), expected.mean(), "CrossEntropyLoss()(logits, labels)",
+    logits = tt.tensor(z)
+    expect_close(module(logits, tt.tensor(y)).item(), expected.mean(), "CrossEntropyLoss()(logits, labels)",
                  rtol=1e-5)
+    expect_equal(logits, z, "the logits after cross_entropy(logits, labels) (forward must leave its input as it was)")
 
 
 @check(points=2, hint="CrossEntropy.backward: the gradient is (softmax(logits) - one_hot(target)) times each "
@@ -90,13 +92,18 @@ def test_cross_entropy_gradient(student):
         student.cross_entropy(logits, tt.tensor(y), reduction=reduction).backward()
         expect_close(logits.grad, (p - onehot) * scale, f"the gradient of cross_entropy, reduction={reduction!r}",
                      atol=1e-6)
+    for reduction, scale in (("mean", 3 / len(y)), ("sum", 3.0)):
+        logits = leaf(z)
+        (student.cross_entropy(logits, tt.tensor(y), reduction=reduction) * 3.0).backward()
+        expect_close(logits.grad, (p - onehot) * scale, f"the gradient of 3 * cross_entropy(reduction={reduction!r}) "
+                     "(the upstream gradient is 3)", atol=1e-6)
     upstream = np.arange(1.0, 7.0, dtype=np.float32)  # a different weight per sample
     logits = leaf(z)
     student.cross_entropy(logits, tt.tensor(y), reduction="none").backward(tt.tensor(upstream))
     expect_close(logits.grad, (p - onehot) * upstream[:, None],
                  "the gradient of cross_entropy(reduction='none') with upstream [1, 2, ..., 6]", atol=1e-5)
-    assert tt.gradcheck(lambda x: student.cross_entropy(x, tt.tensor(y), reduction="mean"),
-                        [leaf(z, dtype="float64")]), "gradcheck of cross_entropy in float64"
+    expect_gradcheck(lambda x: student.cross_entropy(x, tt.tensor(y), reduction="mean"), [leaf(z, dtype="float64")],
+                     "gradcheck of cross_entropy in float64")
     logits = leaf(z)
     loss = student.cross_entropy(logits, tt.tensor(y))
     loss.backward(retain_graph=True)
@@ -134,8 +141,8 @@ def test_cross_entropy_probability_targets(student):
     loss.backward()
     expect_close(logits.grad, (np.exp(logp) - q) / 4, "the gradient of cross_entropy with probability targets",
                  atol=1e-6)
-    assert tt.gradcheck(lambda x: student.cross_entropy(x, tt.tensor(q, dtype="float64"), reduction="sum"),
-                        [leaf(z, dtype="float64")]), "gradcheck of cross_entropy with probability targets"
+    expect_gradcheck(lambda x: student.cross_entropy(x, tt.tensor(q, dtype="float64"), reduction="sum"),
+                     [leaf(z, dtype="float64")], "gradcheck of cross_entropy with probability targets")
     # rows that do not sum to 1 (weighted or partial targets): the sum of q multiplies the log-sum-exp term
     unnormalised = np.array([[0.5, 0.0, 0.0], [0.4, 1.0, 0.6], [0.0, 0.0, 2.0], [0.1, 0.1, 0.0]], dtype=np.float32)
     logits = leaf(z)
@@ -181,10 +188,15 @@ def test_binary_cross_entropy_on_probabilities(student):
         scale = 1 / p.size if reduction == "mean" else 1
         expect_close(probs.grad, (p64 - t) / (p64 * (1 - p64)) * scale,
                      f"the gradient of binary_cross_entropy, reduction={reduction!r}", rtol=1e-4)
-    with np.errstate(all="ignore"):  # an unclamped log(0) gives inf: the values below catch it
-        edges = leaf(np.array([0.0, 1.0, 0.0, 1.0], dtype=np.float32))
-        clamped = student.binary_cross_entropy(edges, [1.0, 0.0, 0.0, 1.0], reduction="none")
-        clamped.sum().backward()
+    edges = leaf(np.array([0.0, 1.0, 0.0, 1.0], dtype=np.float32))
+    try:
+        with np.errstate(divide="raise", invalid="raise"):
+            clamped = student.binary_cross_entropy(edges, [1.0, 0.0, 0.0, 1.0], reduction="none")
+            clamped.sum().backward()
+    except FloatingPointError as error:
+        raise AssertionError(f"binary_cross_entropy of p = [0, 1, 0, 1] and its gradient: expected no log(0) and no "
+                             f"0/0, got FloatingPointError: {error} (take the log of max(p, the smallest subnormal))") \
+            from None
     expect_close(clamped, np.array([100.0, 100.0, 0.0, 0.0]),
                  "binary_cross_entropy of p = [0, 1, 0, 1] against t = [1, 0, 0, 1] (logs clamped at -100)")
     assert np.isfinite(edges.grad.numpy()).all(), \
@@ -201,6 +213,26 @@ def test_binary_cross_entropy_on_probabilities(student):
         (student.binary_cross_entropy(probs, tt.tensor(t), reduction=reduction) * 3.0).backward()
         expect_close(probs.grad, (p64 - t) / (p64 * (1 - p64)) * scale, f"the gradient of 3 * "
                      f"binary_cross_entropy(reduction={reduction!r}) (the upstream gradient is 3)", rtol=1e-4)
+    _expect_twice_the_gradient(student.binary_cross_entropy, p, t, (p64 - t) / (p64 * (1 - p64)) / p.size, rtol=1e-4)
+    _expect_the_inputs_dtype(student.binary_cross_entropy, p)
+
+
+def _expect_twice_the_gradient(loss_fn, x, t, gradient, rtol):
+    """Two backward passes through one graph (retain_graph) give twice ``gradient``: backward left the saved arrays."""
+    inputs = leaf(x)
+    loss = loss_fn(inputs, tt.tensor(t))
+    loss.backward(retain_graph=True)
+    loss.backward()
+    expect_close(inputs.grad, 2 * gradient, f"the gradient of {loss_fn.__name__} after two backward passes through "
+                 "one graph (retain_graph=True): backward must leave what forward saved unchanged", rtol=rtol, atol=1e-7)
+
+
+def _expect_the_inputs_dtype(loss_fn, x):
+    """A float32 input gives a float32 loss, whatever the target's dtype."""
+    for target in ((x > 0.5).astype(np.int64), np.zeros(x.shape)):
+        loss = loss_fn(tt.tensor(x), tt.tensor(target))
+        expect_equal(loss.dtype, np.dtype(np.float32), f"the dtype of {loss_fn.__name__} of float32 input and a "
+                     f"{target.dtype} target (cast the target to the input's dtype)")
 
 
 def np_bce_with_logits(x, t):
@@ -232,6 +264,16 @@ def test_binary_cross_entropy_with_logits(student):
     expect_close(logits.grad, slope * upstream,
                  "the gradient of binary_cross_entropy_with_logits(reduction='none') with a different upstream per "
                  "element", rtol=1e-5, atol=1e-7)
+    for reduction, scale in (("mean", 3 / x.size), ("sum", 3.0)):
+        logits = leaf(x)
+        (student.binary_cross_entropy_with_logits(logits, tt.tensor(t), reduction=reduction) * 3.0).backward()
+        expect_close(logits.grad, slope * scale, f"the gradient of 3 * binary_cross_entropy_with_logits("
+                     f"reduction={reduction!r}) (the upstream gradient is 3)", rtol=1e-5, atol=1e-7)
+    _expect_twice_the_gradient(student.binary_cross_entropy_with_logits, x, t, slope / x.size, rtol=1e-5)
+    _expect_the_inputs_dtype(student.binary_cross_entropy_with_logits, x)
+    confident = student.binary_cross_entropy_with_logits(tt.tensor([20.0, -20.0]), [1.0, 0.0], reduction="none")
+    expect_close(confident, np.log1p(np.exp(-20.0)) * np.ones(2), "binary_cross_entropy_with_logits of x = [20, -20], "
+                 "t = [1, 0] in float32 (log1p(e) keeps the tiny loss that log(1 + e) rounds to 0)", rtol=1e-5, atol=0)
     extreme = leaf(np.array([-1000.0, 1000.0, -1000.0, 1000.0], dtype=np.float32))
     try:
         with np.errstate(over="raise", invalid="raise", divide="raise"):  # exp(1000) overflows in a naive version
@@ -245,8 +287,8 @@ def test_binary_cross_entropy_with_logits(student):
                  "binary_cross_entropy_with_logits of x = [-1000, 1000, -1000, 1000], t = [1, 0, 0, 1]")
     expect_close(extreme.grad, np.array([-1.0, 1.0, 0.0, 0.0], dtype=np.float32),
                  "its gradient (sigmoid(x) - t)")
-    assert tt.gradcheck(lambda v: student.binary_cross_entropy_with_logits(v, tt.tensor(t, dtype="float64")),
-                        [leaf(x, dtype="float64")]), "gradcheck of binary_cross_entropy_with_logits in float64"
+    expect_gradcheck(lambda v: student.binary_cross_entropy_with_logits(v, tt.tensor(t, dtype="float64")),
+                     [leaf(x, dtype="float64")], "gradcheck of binary_cross_entropy_with_logits in float64")
     expect_close(student.BCEWithLogitsLoss(reduction="sum")(tt.tensor(x), t).item(), expected.sum(),
                  "BCEWithLogitsLoss(reduction='sum')", rtol=1e-5)
 

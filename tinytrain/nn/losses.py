@@ -177,7 +177,8 @@ GRAD_EPS = 1e-12  # ... and p * (1 - p) here in the gradient
 class BinaryCrossEntropy(Function):
     """``-(t * log(p) + (1 - t) * log(1 - p))``, each log clamped at -100.
 
-    Backward: ``(p - t) / max(p * (1 - p), 1e-12)``, as in PyTorch.
+    Backward: ``(p - t) / max(p * (1 - p), 1e-12)``, as in PyTorch, times each
+    element's share of ``grad`` (``_unreduce``).
     """
 
     def forward(self, probs: Any, target: Any, reduction: str) -> Any:
@@ -197,7 +198,8 @@ class BinaryCrossEntropy(Function):
 class BinaryCrossEntropyWithLogits(Function):
     """``max(x, 0) - x * t + log(1 + exp(-|x|))``: BCE of ``sigmoid(x)``, stable for any x.
 
-    Backward: ``sigmoid(x) - t``, with a sigmoid from ``exp(-|x|)`` that cannot overflow.
+    Backward: ``sigmoid(x) - t`` times each element's share of ``grad`` (``_unreduce``),
+    with a sigmoid from ``exp(-|x|)`` that cannot overflow.
     """
 
     def forward(self, logits: Any, target: Any, reduction: str) -> Any:
@@ -217,7 +219,7 @@ def binary_cross_entropy(probs: Tensor, target: Any, reduction: str = "mean") ->
 
     ``probs`` in [0, 1] (ValueError otherwise), ``target`` of the same shape
     (ValueError naming both shapes). Each log is clamped at -100, like PyTorch,
-    so the loss is finite even at p = 0 or 1. Prefer
+    so the loss is finite even at p = 0 or 1. The loss has ``probs``' dtype. Prefer
     :func:`binary_cross_entropy_with_logits` on raw scores.
     """
     _check_reduction(reduction)
@@ -238,7 +240,7 @@ def binary_cross_entropy_with_logits(logits: Tensor, target: Any, reduction: str
 
     ``mean(max(x, 0) - x * t + log(1 + exp(-|x|)))``; gradient ``sigmoid(x) - t``
     (divided by the number of elements for "mean"). ``target`` must have the logits'
-    shape (ValueError naming both).
+    shape (ValueError naming both). The loss has the logits' dtype.
     """
     _check_reduction(reduction)
     target = _as_target(target, logits)

@@ -81,10 +81,10 @@ class BinaryCrossEntropyWithLogits:
 
 
 def binary_cross_entropy(probs, target, reduction="mean"):
-    return BinaryCrossEntropy.apply(probs, target, reduction=reduction)
+    return BinaryCrossEntropy.apply(probs, target.astype(probs.dtype), reduction=reduction)
 
 
 def binary_cross_entropy_with_logits(logits, target, reduction="mean"):
-    return BinaryCrossEntropyWithLogits.apply(logits, target, reduction=reduction)
+    return BinaryCrossEntropyWithLogits.apply(logits, target.astype(logits.dtype), reduction=reduction)
 
 
