@@ -188,7 +188,8 @@ def backward(tensor: Any, grad: Any = None, retain_graph: bool = False) -> None:
     ``backward`` gives that input nothing, whether or not it requires grad, and an
     input that does not require grad gets nothing, whatever ``backward`` returned.
     An operation's ``backward`` that returns anything but a tuple raises
-    ``TypeError`` naming the operation and what it returned.
+    ``TypeError`` naming the operation, the word "tuple" (what it must return)
+    and what it returned.
     Re-entrant: an operation's ``backward`` may call ``backward`` itself.
     Reaching an operation that an earlier backward freed raises
     ``_freed_graph_error()``.
@@ -197,7 +198,9 @@ def backward(tensor: Any, grad: Any = None, retain_graph: bool = False) -> None:
     output's operation, ``owned`` (the engine made the seed); for any other,
     whether the gradient collected for it is the engine's alone -- the one
     gradient an operation handed it, when ``_unshared`` says so, or a sum of
-    several (always a new array). A leaf gets its share through
+    several (always a new array: ``pending + share``, never ``pending += share``,
+    since the pending array may be shared -- an addition hands one array to both
+    of its inputs). A leaf gets its share through
     ``_accumulate(leaf, share, unshared)``. With ``retain_graph=True`` nothing
     an operation returns counts as unshared: it keeps what it saved.
     """

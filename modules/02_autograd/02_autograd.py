@@ -251,6 +251,11 @@ print("sum_to_shape OK")
 # | mul | $a b$ | $\bar a = \bar z b,\ \bar b = \bar z a$ |
 # | div | $a / b$ | $\bar a = \bar z / b,\ \bar b = -\bar z a / b^2$ |
 # | pow | $a^b$ | $\bar a = \bar z\, b a^{b-1},\ \bar b = \bar z\, a^b \ln a$ |
+#
+# Write each rule as the table does: $b a^{b-1}$ is $b \cdot a^b / a$ in exact
+# arithmetic, but that form divides 0 by 0 at $a = 0$ (where `x ** 2` has slope
+# 0). At $a = 0$ the exponent's rule $a^b \ln a$ is $0 \cdot (-\infty)$, NaN,
+# here; PyTorch returns 0 there, a case that needs a learned exponent of a zero base.
 
 # %% export="ops"
 """Every differentiable operation: a forward rule and a backward rule each.
@@ -347,7 +352,7 @@ y = tt.tensor(4.0, requires_grad=True)
 mul = Mul()
 mul.backend, mul.inputs = x._backend, (x, y)
 mul.forward(x.data, y.data)
-got = mul.backward(np.float32(1.0))
+got = mul.backward(np.ones((), dtype=np.float32))  # the engine hands backward arrays
 assert got == (4.0, 3.0), f"Mul at x=3, y=4: expected (4, 3), got {got}"
 add = Add()
 add.backend, add.inputs = x._backend, (tt.ones(2, 3, requires_grad=True), tt.ones(3, requires_grad=True))
@@ -806,7 +811,10 @@ print("indexing OK")
 # until you reset `.grad = None` (or call an optimizer's `zero_grad()`). After
 # `backward` each operation drops its saved arrays and its links: the graph is
 # *freed*, and a second `backward()` through it is an error unless the first was
-# called with `retain_graph=True`.
+# called with `retain_graph=True`. Each operation saves different names (`a`,
+# `out`, `probs`, ...), so drop them all at once: `vars(fn).clear()` empties the
+# object's attributes, `inputs` and `sequence` included, and a missing `inputs`
+# is then how the engine recognises a freed operation.
 #
 # **One copy fewer per parameter.** The first gradient a leaf receives becomes its
 # `.grad`. Storing the array itself is only safe if nothing else holds it — an
@@ -889,7 +897,8 @@ def backward(tensor: Any, grad: Any = None, retain_graph: bool = False) -> None:
     ``backward`` gives that input nothing, whether or not it requires grad, and an
     input that does not require grad gets nothing, whatever ``backward`` returned.
     An operation's ``backward`` that returns anything but a tuple raises
-    ``TypeError`` naming the operation and what it returned.
+    ``TypeError`` naming the operation, the word "tuple" (what it must return)
+    and what it returned.
     Re-entrant: an operation's ``backward`` may call ``backward`` itself.
     Reaching an operation that an earlier backward freed raises
     ``_freed_graph_error()``.
@@ -898,7 +907,9 @@ def backward(tensor: Any, grad: Any = None, retain_graph: bool = False) -> None:
     output's operation, ``owned`` (the engine made the seed); for any other,
     whether the gradient collected for it is the engine's alone -- the one
     gradient an operation handed it, when ``_unshared`` says so, or a sum of
-    several (always a new array). A leaf gets its share through
+    several (always a new array: ``pending + share``, never ``pending += share``,
+    since the pending array may be shared -- an addition hands one array to both
+    of its inputs). A leaf gets its share through
     ``_accumulate(leaf, share, unshared)``. With ``retain_graph=True`` nothing
     an operation returns counts as unshared: it keeps what it saved.
     """
@@ -1115,7 +1126,8 @@ print((w.detach() * 2).requires_grad)
 # pays a fixed Python cost: creating a `Function`, a `Tensor`, recording the
 # graph, and later calling `backward`. Measure it on 200 chained elementwise
 # operations on 64 numbers; `benchmarks/autograd_overhead.py` runs the same
-# against PyTorch.
+# against PyTorch. The operators and `.backward()` below run the installed
+# package: the reference until you `tinytrain export 02`, your code after.
 
 # %%
 def chained_ops(x):

@@ -53,10 +53,13 @@ def assert_backward(student, name, arrays, needs=None, eps=1e-6, **params):
     fn, out = _op(student, name, [a.copy() for a in arrays], needs, **params)
     weights = np.asarray(RNG.standard_normal(np.shape(out)))
     incoming = weights.copy()
-    grads = fn.backward(incoming)  # fn.owns_grad is False: another holder may read `incoming` afterwards
+    grads = _call_backward(fn, incoming, what)  # fn.owns_grad is False: another holder may read `incoming` afterwards
     assert len(grads) == len(arrays), f"{what}: expected backward to return {len(arrays)} gradients, got {len(grads)}"
     expect_equal(incoming, weights, f"{what}: the incoming gradient after backward with owns_grad False (it may be "
                  "shared, as Add hands one array to both inputs: overwrite grad only when self.owns_grad)")
+    owner, _ = _op(student, name, [a.copy() for a in arrays], needs, **params)
+    owner.owns_grad = True  # backward may now write into grad: only after it has read grad for every input
+    owned = _call_backward(owner, weights.copy(), f"{what}, owns_grad True")
     for i, array in enumerate(arrays):
         if needs is not None and not needs[i]:
             assert grads[i] is None, (f"{what}: input {i} does not require grad, so expected None for it, got an "
@@ -74,6 +77,18 @@ def assert_backward(student, name, arrays, needs=None, eps=1e-6, **params):
             numeric.flat[j] = (estimates[0] - estimates[1]) / (2 * eps)
         expect_close(analytic, numeric, f"{what}: gradient of input {i} (central differences expected)",
                      rtol=1e-5, atol=1e-7)
+        expect_close(np.asarray(owned[i], dtype=np.float64), numeric, f"{what}: gradient of input {i} with owns_grad "
+                     "True (central differences expected: write into grad only after the last read of it)",
+                     rtol=1e-5, atol=1e-7)
+
+
+def _call_backward(fn, grad, what):
+    """``fn.backward(grad)``; an error in it becomes an AssertionError naming the operation and its inputs."""
+    try:
+        return fn.backward(grad)
+    except Exception as error:  # noqa: BLE001 - the message says which call failed
+        raise AssertionError(f"{what}: expected backward to return the gradients, got {type(error).__name__}: "
+                             f"{error}") from None
 
 
 @check(points=2, hint="apply: fn = cls(); fn.backend = inputs[0]._backend; forward on the arrays; record fn, inputs and "
@@ -203,6 +218,7 @@ def test_pow_backward(student):
     assert_backward(student, "Pow", [a, b])
     assert_backward(student, "Pow", [a, b], needs=(True, False))
     assert_backward(student, "Pow", [a, b], needs=(False, True))
+    assert_backward(student, "Pow", [np.array([0.0, 1.5, -2.0]), np.array(2.0)], needs=(True, False))  # b a^(b-1)
 
 
 @check(points=2, hint="MatMul: grad @ b^T and a^T @ grad, transposing the last two axes; treat 1-D operands as a "
@@ -357,6 +373,12 @@ def test_engine(student):
     student.backward((images @ w).sum())
     expect_close(w.grad.numpy(), np.array([[1.5, 1.5], [1.0, 1.0]]), "w.grad of sum(images @ w)")
     assert images.grad is None, f"an input that does not require grad gets no .grad: expected None, got {images.grad}"
+    # Add hands one array to both inputs: adding into u's pending gradient in place would change w's share too
+    x, w = tt.tensor(1.0, requires_grad=True), tt.tensor(1.0, requires_grad=True)
+    u = x * 2
+    student.backward((u + w) + u)
+    expect_close((x.grad.item(), w.grad.item()), (4.0, 1.0), "(x.grad, w.grad) of (u + w) + u with u = 2x at x = w "
+                 "= 1 (sum a second share into a new array: the pending one may be shared)")
 
 
 @check(points=1, hint="backward: a None from an operation's backward gives that input nothing (even if it requires "
@@ -431,6 +453,10 @@ def test_engine_frees_graph(student):
     expect_close(x.grad.item(), 8.0, "x.grad after two backward calls of x*x at x=2 (the first with retain_graph)")
     expect_raises(RuntimeError, lambda: student.backward(loss), "a third backward through the freed graph of x*x",
                   mentions=("second time",))
+    kept = sorted(name for name, value in vars(loss._ctx).items()
+                  if isinstance(value, np.ndarray) or isinstance(value, (tuple, list)) and value)
+    expect_equal(kept, [], "the attributes of x*x's freed operation that still hold its saved arrays or its inputs "
+                 "(freeing drops them all: vars(fn).clear())")
     y = x * 2
     student.backward(y.sum())
     expect_raises(RuntimeError, lambda: student.backward((y * 3).sum()), "y = x * 2; backward(y.sum()); then "
@@ -563,6 +589,21 @@ def test_gradcheck(student):
         assert isinstance(error, student.GradcheckError), (
             f"expected a GradcheckError, got {type(error).__name__}: {error}")
 
+    class FirstOnly(InstalledFunction):
+        def forward(self, a, b):
+            return a + b
+
+        def backward(self, grad):
+            return grad, None  # wrong: b's gradient is 1, and a missing .grad counts as 0
+
+    pair = [tt.tensor([1.0, 2.0], dtype="float64", requires_grad=True) for _ in range(2)]
+    expect_raises(AssertionError, lambda: student.gradcheck(FirstOnly.apply, pair),
+                  "gradcheck of a + b whose backward gives b no gradient (its .grad stays None: analytic 0, numeric 1)")
+    steep = tt.tensor([0.0], dtype="float64", requires_grad=True)
+    result = student.gradcheck(lambda a: a * a * 1e5, [steep])
+    assert result is True, (f"gradcheck of the correct rule of 1e5 * a^2 at a = 0: expected True, got {result!r} "
+                            "(central differences give 0 there; a one-sided (f(a + eps) - f(a)) / eps gives 0.1)")
+
 
 @check(points=1, hint="gradcheck: an element passes when |analytic - numeric| <= atol + rtol*|numeric|; the error "
                       "names the worst element: its input's position, its index as a tuple and both values",
@@ -604,3 +645,30 @@ def test_gradcheck_reports_the_worst_element(student):
     result = student.gradcheck(AtTolerance.apply, [tt.tensor([1.0, 2.0], dtype="float64", requires_grad=True)])
     assert result is True, (f"gradcheck with |analytic - numeric| == atol exactly (0 + atol >= 1e-5): expected True, "
                             f"got {result!r}")
+
+    class BothWrong(InstalledFunction):
+        """sum(a) + sum(b), whose backward is off by 1% for a and by 100% for b."""
+
+        def forward(self, a, b):
+            return a.sum() + b.sum()
+
+        def backward(self, grad):
+            return grad * self.xp.full(2, 1.01), grad * self.xp.full(2, 2.0)
+
+    pair = [tt.tensor([1.0, 2.0], dtype="float64", requires_grad=True) for _ in range(2)]
+    expect_raises(AssertionError, lambda: student.gradcheck(BothWrong.apply, pair),
+                  "gradcheck of a rule off by 1% for input 0 and by 100% for input 1 (the worst over all inputs)",
+                  mentions=("input 1",))
+
+    class JustOutside(InstalledFunction):
+        """1000 a, whose backward says 1001.001: |analytic - numeric| = 1.001 > atol + rtol * |numeric| = 1.00001."""
+
+        def forward(self, a):
+            return a * 1000.0
+
+        def backward(self, grad):
+            return (grad * 1001.001,)
+
+    expect_raises(AssertionError, lambda: student.gradcheck(JustOutside.apply, [tt.tensor([1.0], dtype="float64",
+                                                                                           requires_grad=True)]),
+                  "gradcheck of 1000 a with the slope 1001.001 (rtol multiplies |numeric| = 1000, not |analytic|)")
