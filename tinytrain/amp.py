@@ -46,7 +46,8 @@ class GradScaler:
     def update(self, found_inf: bool) -> None:
         """Adjust the scale after a step: back off on overflow, grow after a run of clean steps.
 
-        On overflow (``found_inf``): multiply ``scale`` by ``backoff_factor``, restart
+        On overflow (``found_inf``): multiply ``scale`` by ``backoff_factor`` (however
+        small it gets: below ``MIN_LOSS_SCALE`` MixedPrecision stops the run), restart
         ``clean_steps`` at 0 and count the skipped step in ``skipped_steps``. Otherwise
         count a clean step; the ``growth_interval``-th in a row multiplies ``scale``
         by ``growth_factor`` and restarts the count.

@@ -150,7 +150,14 @@ class Recompute(Function):
 
     def backward(self, grad: Any) -> tuple:
         """Recompute the segment with the saved random state (then put the current state
-        back), backpropagate ``grad`` through it, return the inputs' gradients (None for the anchor)."""
+        back, even if the function raises), backpropagate ``grad`` through it, return the
+        inputs' gradients (None for the anchor).
+
+        The recompute records its graph even when backward runs under ``no_grad``
+        (``_enable_grad``), and runs on fresh leaves holding the inputs' arrays
+        (``Tensor._make(t.data, t._backend, t.requires_grad)``): on the input tensors
+        themselves, the inner backward would run on into the outer graph, which the
+        outer backward then reaches a second time."""
         ### BEGIN SOLUTION
         inputs = [Tensor._make(t.data, t._backend, t.requires_grad) for t in self.inputs[:-1]]
         now = capture_rng_state()
@@ -368,7 +375,8 @@ class GradScaler:
     def update(self, found_inf: bool) -> None:
         """Adjust the scale after a step: back off on overflow, grow after a run of clean steps.
 
-        On overflow (``found_inf``): multiply ``scale`` by ``backoff_factor``, restart
+        On overflow (``found_inf``): multiply ``scale`` by ``backoff_factor`` (however
+        small it gets: below ``MIN_LOSS_SCALE`` MixedPrecision stops the run), restart
         ``clean_steps`` at 0 and count the skipped step in ``skipped_steps``. Otherwise
         count a clean step; the ``growth_interval``-th in a row multiplies ``scale``
         by ``growth_factor`` and restarts the count.
@@ -683,7 +691,9 @@ class DistributedDataLoader(DataLoader):
 def average_gradients(parameters: list[Tensor], comm: Any, extra: float = 0.0) -> float:
     """Replace every gradient by its mean over the ranks, with one all-reduce of a float32
     buffer that holds all of them (and ``extra`` at the end); returns the sum of ``extra``
-    over the ranks. Every rank must pass its parameters in the same order. A parameter
+    over the ranks, as a Python ``float``. Every rank must pass its parameters in the same
+    order. The buffer is float32 whatever the gradients' dtype: float64 gradients come
+    back rounded to float32 (half the bytes sent; training runs in float32). A parameter
     whose ``.grad`` is ``None`` is left out of the buffer and keeps ``None`` (the same
     backward gives every rank gradients for the same parameters). MPI reads host memory:
     a gradient on a device goes into the buffer through ``backend.to_host`` and comes
@@ -783,8 +793,7 @@ print("data parallel OK")
 # mpirun -n 2 python milestones/mlp.py --distributed
 # ```
 #
-# Each rank prints nothing but rank 0, which also writes the checkpoints, log
-# and plot. `tests/test_distributed.py` checks, under `mpirun -n 2`, that two
+# Only rank 0 prints, and only rank 0 writes the checkpoints, log and plot. `tests/test_distributed.py` checks, under `mpirun -n 2`, that two
 # ranks at batch 64 end with the same weights as one process at batch 128 on
 # the same samples, and that a resumed distributed run is exact.
 #

@@ -118,6 +118,30 @@ def test_checkpoint_gradients_equal_plain(student):
         expect_equal(b, a, f"the gradient of parameter {index} of a stack of checkpointed segments (the first fed "
                            f"by data that needs no gradient)")
 
+    # a residual: the segment's input is also used outside it (recompute on fresh leaves, not on the input itself)
+    a = tt.tensor([1.0, 2.0], dtype="float64", requires_grad=True)
+    h = a * 2
+    try:
+        (h + student.checkpoint(lambda t: t * t, h)).sum().backward()
+    except RuntimeError as error:
+        raise AssertionError(f"a.grad of sum(h + checkpoint(t*t, h)) with h = 2a: expected [10, 18], got "
+                             f"RuntimeError: {error} (recompute on fresh leaves holding the inputs' arrays)") from None
+    expect_close(a.grad, [10.0, 18.0], "a.grad of sum(h + checkpoint(t*t, h)) with h = 2a at a = [1, 2]")
+    # backward under no_grad still records the recompute's graph
+    a = tt.tensor([1.0, 2.0], dtype="float64", requires_grad=True)
+    loss = student.checkpoint(lambda t: t * t, a).sum()
+    with tt.no_grad():
+        loss.backward()
+    expect_close(a.grad, [2.0, 4.0], "a.grad of sum(checkpoint(t*t, a)) whose backward runs under no_grad "
+                                     "(_enable_grad around the recompute)")
+    # NumPy's global generator is one of 'every generator'
+    a = tt.tensor([1.0, 1.0, 1.0], dtype="float64", requires_grad=True)
+    np.random.seed(0)
+    student.checkpoint(lambda t: t * tt.tensor(np.random.rand(3), dtype="float64"), a).sum().backward()
+    np.random.seed(0)
+    expect_close(a.grad, np.random.rand(3), "a.grad of sum(checkpoint(t * np.random.rand(3), a)) after "
+                 "np.random.seed(0): the recompute draws NumPy's numbers again (capture_rng_state saves every generator)")
+
 
 @check(points=1, hint="Recompute.backward: after recomputing with the SAVED rng state, put back the state that "
                       "training was at (capture it before restoring, restore it after, even on an error)",
@@ -136,6 +160,24 @@ def test_checkpoint_backward_leaves_the_rng_where_it_was(student):
     expect_equal(draws[1][1], draws[0][1], "tt.randn(4) after the backward (the generators continue as if the "
                                            "segment had not been recomputed)")
     expect_equal(draws[1][2], draws[0][2], "np.random.rand() after the backward")
+
+    runs = []
+
+    def fails_when_recomputed(t):
+        runs.append(t)
+        if len(runs) == 2:
+            raise MemoryError("out of memory in the recompute")
+        return t * tt.randn(2, dtype="float64")  # draws: the saved state is behind where training is after it
+
+    tt.manual_seed(3)
+    out = student.checkpoint(fails_when_recomputed, tt.tensor([1.0, 2.0], dtype="float64", requires_grad=True))
+    cpu = tt.get_backend("cpu")
+    training_state = cpu.rng_state()
+    expect_raises(MemoryError, lambda: out.sum().backward(), "backward of a segment whose recompute raises MemoryError")
+    got = tt.randn(3).numpy()
+    cpu.set_rng_state(training_state)
+    expect_equal(got, tt.randn(3).numpy(), "tt.randn(3) after a recompute that raised MemoryError (put the state back "
+                 "even on an error: try/finally)")
 
 
 # -- mixed precision: the loss scaler ---------------------------------------------------------
@@ -163,6 +205,11 @@ def test_grad_scaler_update(student):
                                        "started again at the overflow)")
     scaler.update(False)
     expect_equal(state(), (8.0, 0, 2), "(scale, clean_steps, skipped_steps) after a 3rd clean step in a row")
+
+    tiny = student.GradScaler(init_scale=2.0**-24)
+    tiny.update(found_inf=True)
+    expect_equal(tiny.scale, 2.0**-25, "the scale of GradScaler(init_scale=2**-24) after an overflow (halve it even "
+                 "below MIN_LOSS_SCALE: MixedPrecision then stops the run instead of skipping steps forever)")
 
     custom = student.GradScaler(init_scale=1.0, growth_factor=3.0, backoff_factor=0.25, growth_interval=1)
     scales = []

@@ -45,7 +45,14 @@ class Recompute(Function):
 
     def backward(self, grad: Any) -> tuple:
         """Recompute the segment with the saved random state (then put the current state
-        back), backpropagate ``grad`` through it, return the inputs' gradients (None for the anchor)."""
+        back, even if the function raises), backpropagate ``grad`` through it, return the
+        inputs' gradients (None for the anchor).
+
+        The recompute records its graph even when backward runs under ``no_grad``
+        (``_enable_grad``), and runs on fresh leaves holding the inputs' arrays
+        (``Tensor._make(t.data, t._backend, t.requires_grad)``): on the input tensors
+        themselves, the inner backward would run on into the outer graph, which the
+        outer backward then reaches a second time."""
         inputs = [Tensor._make(t.data, t._backend, t.requires_grad) for t in self.inputs[:-1]]
         now = capture_rng_state()
         restore_rng_state(self.rng)
