@@ -188,7 +188,11 @@ class Normalize(Function):
         return self.x_hat
 
     def backward(self, grad: Any) -> tuple:
-        """``s * (g - mean(g) - x_hat * mean(g * x_hat))``, means over ``axes``."""
+        """``s * (g - mean(g) - x_hat * mean(g * x_hat))``, means over ``axes``.
+
+        Computed into new arrays: ``self.x_hat`` is also the output's own array, so
+        writing into it would change the result the caller holds.
+        """
         ### BEGIN SOLUTION
         x_hat, axes = self.x_hat, self.axes
         centered = grad - grad.mean(axis=axes, keepdims=True)
@@ -271,10 +275,13 @@ class _BatchNorm(Module):
     """Batch normalisation over every axis but the channel axis 1 (``BatchNorm1d``, ``BatchNorm2d``).
 
     Training mode normalises with the batch's statistics and updates the running
-    averages (``running_var`` with the unbiased variance); evaluation mode
-    normalises with the running averages, constants: its gradient in ``x`` is
-    ``weight / sqrt(running_var + eps) * g`` (not ``Normalize``'s, which differentiates
-    through the batch's statistics). Training mode needs at least two values per
+    averages (``running_var`` with the unbiased variance); evaluation mode computes
+    ``(x - running_mean) / sqrt(running_var + eps) * weight + bias``, each per-channel
+    number reshaped to ``channel_shape``. The running averages are constants there:
+    the gradient in ``x`` is ``weight / sqrt(running_var + eps) * g`` (not
+    ``Normalize``'s, which differentiates through the batch's statistics), while
+    ``weight`` and ``bias`` get their gradients in both modes (as in PyTorch, where
+    fine-tuning with frozen statistics trains them). Training mode needs at least two values per
     channel (the unbiased variance divides by count - 1): fewer, as in a batch of one
     ``(1, C)`` sample, raise ``ValueError`` naming the layer and the input's shape,
     before any running average changes. Subclasses set ``input_ndims``.
@@ -360,6 +367,10 @@ seq = BatchNorm1d(2).to(dtype="float64")
 x3 = tt.randn(4, 2, 3, dtype="float64", requires_grad=True)
 assert tt.gradcheck(lambda x, w, b: seq(x), [x3, seq.weight, seq.bias])  # train mode, (N, C, L)
 assert bn(tt.randn(1, 3)).shape == (1, 3)  # one sample is fine in evaluation mode
+bn3 = BatchNorm1d(3).eval()
+bn3.running_mean.data[...] = [1.0, 2.0, 3.0]
+np.testing.assert_allclose(bn3(tt.zeros(1, 3, 2)).numpy()[0], -np.array([[1.0] * 2, [2.0] * 2, [3.0] * 2]) / np.sqrt(1 + 1e-5),
+                           rtol=1e-5, err_msg="evaluation mode of an (N, C, L) input: one running mean per channel")
 print("BatchNorm1d OK")
 
 # %% [markdown]
@@ -408,7 +419,7 @@ plt.show()
 # block (the printed spreads: 0.34, 0.11, 0.04, ...): the initialisation divides
 # the variance by 3, and the ReLU, which zeroes about half of the values, leaves
 # roughly a third of what still varies between inputs. After ten
-# blocks the activations differ between inputs by about $10^{-4}$ — the output
+# blocks the activations differ between inputs by less than $10^{-4}$ — the output
 # hardly depends on the input any more (what is left is mostly the biases), and
 # the gradients flowing back shrink the same way. With BatchNorm every block's
 # output keeps the spread of a ReLU of a standard normal,
@@ -460,8 +471,9 @@ np.testing.assert_allclose(composed(x).numpy(), fused(x).numpy(), atol=1e-5)
 #
 # ## How PyTorch does it
 #
-# `nn.Dropout`, `nn.LayerNorm` and `nn.BatchNorm1d` (the same momentum, eps,
-# unbiased running variance and buffer names) and `F.dropout`. Its normalisation
+# PyTorch has the same layers: `nn.Dropout` (and `F.dropout`), `nn.LayerNorm` and
+# `nn.BatchNorm1d`, with the same momentum, eps, unbiased running variance and
+# buffer names. Its normalisation
 # layers are fused kernels in C++/CUDA, as our `Normalize` is a fused operation
 # in NumPy; `torch.nn.functional.layer_norm` and `batch_norm` are their
 # functional forms.

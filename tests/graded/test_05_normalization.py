@@ -27,10 +27,19 @@ def test_dropout(student, monkeypatch):
     dropped = student.dropout(w, 0.5, training=True)
     dropped.sum().backward()
     expect_equal(w.grad.numpy(), dropped.numpy(), "the gradient of dropout(ones, 0.5).sum() (the same mask)")
+    rows_alike = (kept == kept[0]).all(axis=1).sum()
+    assert rows_alike < 2, (f"dropout(ones(200, 100), 0.25): expected a mask drawn for every element (x.shape), got "
+                            f"{rows_alike} of 200 rows with the mask of row 0")
     tt.manual_seed(3)
     first = student.dropout(x, 0.5).numpy()
     tt.manual_seed(3)
     expect_equal(student.dropout(x, 0.5).numpy(), first, "dropout after the same tt.manual_seed (the seeded generator)")
+    wide = tt.ones(200, 100, dtype="float64")
+    tt.manual_seed(3)
+    expected = (wide._backend.random_uniform(wide.shape) >= 0.5) * 2.0  # the generator's float32 draws
+    tt.manual_seed(3)
+    expect_equal(student.dropout(wide, 0.5).numpy(), expected, "dropout(float64 ones, 0.5) after tt.manual_seed(3): "
+                 "the mask of the generator's float32 draws (drawn in float32 whatever x's dtype)")
     layer = student.Dropout(0.5)
     layer.eval()
     expect_equal(layer(x).numpy(), x.numpy(), "Dropout(0.5) in evaluation mode")
@@ -44,15 +53,27 @@ def test_dropout(student, monkeypatch):
     # the rule itself, on known draws: keep where u >= p (u == p is kept)
     draws = np.array([[0.0, 0.25, 0.2499999], [0.5, 0.75, 0.9999999]], dtype=np.float32)
     values = tt.tensor(np.arange(1.0, 7.0, dtype=np.float32).reshape(2, 3))
-    monkeypatch.setattr(values._backend, "random_uniform", lambda shape, *args, **kwargs: draws.copy())
+
+    def known_draws(shape, *args, **kwargs):
+        assert tuple(shape) == draws.shape, (f"dropout of a {draws.shape} tensor: expected one draw per element, "
+                                             f"random_uniform{draws.shape}, got random_uniform({shape})")
+        return draws.copy()
+
+    monkeypatch.setattr(values._backend, "random_uniform", known_draws)
     expected = values.numpy() * (draws >= 0.25) / 0.75
     expect_close(student.dropout(values, 0.25), expected, f"dropout([[1, 2, 3], [4, 5, 6]], 0.25) with the draws "
                  f"u = {draws.tolist()}", rtol=1e-6)
 
 
-@check(points=2, hint="Normalize.backward: inv_std * (g - mean(g) - x_hat * mean(g * x_hat)), means over axes")
+@check(points=2, hint="Normalize.backward: inv_std * (g - mean(g) - x_hat * mean(g * x_hat)), means over axes, "
+                      "computed into new arrays (grad and x_hat, the output's own array, stay as they are)")
 def test_normalize_backward(student):
     x = tt.tensor(RNG.standard_normal((4, 3, 2)), dtype="float64", requires_grad=True)
+    out = student.normalize(x, (0, 2))[0]
+    before = out.numpy().copy()
+    out.backward(tt.tensor(RNG.standard_normal((4, 3, 2))))
+    expect_equal(out.numpy(), before, "normalize's output after its backward (self.x_hat is the output's array: "
+                 "backward must leave it unchanged)")
     expect_gradcheck(lambda t: student.normalize(t, (0, 2))[0], [x], "gradcheck of normalize over axes (0, 2)")
     expect_gradcheck(lambda t: student.normalize(t, (1, 2), eps=1e-3)[0] * t, [x],
                      "gradcheck of normalize(x, (1, 2), eps=1e-3) * x")
@@ -166,9 +187,10 @@ def test_batch_norm_training_needs_two_values(student):
     expect_equal(norm(tt.ones(1, 3)).shape, (1, 3), "the shape of BatchNorm1d(3) in evaluation mode of a (1, 3) input")
 
 
-@check(points=1, hint="BatchNorm evaluation mode: (x - running_mean) / sqrt(running_var + eps) * weight + bias, "
-                      "running stats unchanged; they are constants, so the input's gradient is only the scale "
-                      "weight / sqrt(running_var + eps) (not Normalize, which differentiates through its statistics)")
+@check(points=1, hint="BatchNorm evaluation mode: (x - running_mean) / sqrt(running_var + self.eps) * weight + bias, "
+                      "per channel (reshaped to channel_shape), running stats unchanged; they are constants, so the "
+                      "input's gradient is only the scale weight / sqrt(running_var + eps) (not Normalize, which "
+                      "differentiates through its statistics), while weight and bias get theirs as in training")
 def test_batch_norm_eval(student):
     norm = student.BatchNorm1d(2)
     norm.running_mean.data[...] = [1.0, -1.0]
@@ -188,6 +210,28 @@ def test_batch_norm_eval(student):
                  rtol=1e-5)
     expect_equal(norm.running_mean.numpy(), np.array([1.0, -1.0], dtype=np.float32), "running_mean after evaluation")
     expect_equal(norm.num_batches_tracked.item(), 0, "num_batches_tracked after evaluation")
+
+    # (N, C, L) with eps = 0.5: each channel's statistics broadcast over its positions; weight and bias learn
+    wide = student.BatchNorm1d(3, eps=0.5)
+    mean, var = np.array([1.0, 2.0, 3.0]), np.array([0.5, 1.5, 3.5])
+    weight, bias = np.array([2.0, -1.0, 0.5]), np.array([0.1, -0.2, 0.3])
+    for name, value in (("running_mean", mean), ("running_var", var), ("weight", weight), ("bias", bias)):
+        getattr(wide, name).data[...] = value
+    wide.eval()
+    x3 = RNG.standard_normal((2, 3, 4)).astype(np.float32)
+    x_hat = (x3 - mean[:, None]) / np.sqrt(var[:, None] + 0.5)
+    out3 = wide(tt.tensor(x3))
+    expect_close(out3, (x_hat * weight[:, None] + bias[:, None]).astype(np.float32),
+                 f"BatchNorm1d(3, eps=0.5) in evaluation mode of a (2, 3, 4) input, running_mean {mean.tolist()}, "
+                 f"running_var {var.tolist()}, weight {weight.tolist()}, bias {bias.tolist()}", rtol=1e-5, atol=1e-6)
+    upstream3 = RNG.standard_normal((2, 3, 4)).astype(np.float32)
+    out3.backward(tt.tensor(upstream3))
+    for name, expected_grad in (("weight", (upstream3 * x_hat).sum(axis=(0, 2))), ("bias", upstream3.sum(axis=(0, 2)))):
+        grad = getattr(wide, name).grad
+        assert grad is not None, (f"BatchNorm1d in evaluation mode: expected {name}.grad {expected_grad.tolist()} "
+                                  f"({name} is a parameter in the graph, as in training), got None")
+        expect_close(grad, expected_grad.astype(np.float32), f"{name}.grad of BatchNorm1d(3, eps=0.5) in evaluation "
+                     "mode, summed over the batch and the positions", rtol=1e-4, atol=1e-5)
 
 
 @check(points=1, hint="compute on the input's device: dropout draws from x._backend, the normalisation uses self.xp "

@@ -24,7 +24,11 @@ class Normalize(Function):
         return self.x_hat
 
     def backward(self, grad: Any) -> tuple:
-        """``s * (g - mean(g) - x_hat * mean(g * x_hat))``, means over ``axes``."""
+        """``s * (g - mean(g) - x_hat * mean(g * x_hat))``, means over ``axes``.
+
+        Computed into new arrays: ``self.x_hat`` is also the output's own array, so
+        writing into it would change the result the caller holds.
+        """
         x_hat, axes = self.x_hat, self.axes
         centered = grad - grad.mean(axis=axes, keepdims=True)
         return (self.inv_std * (centered - x_hat * (grad * x_hat).mean(axis=axes, keepdims=True)),)
@@ -73,10 +77,13 @@ class _BatchNorm(Module):
     """Batch normalisation over every axis but the channel axis 1 (``BatchNorm1d``, ``BatchNorm2d``).
 
     Training mode normalises with the batch's statistics and updates the running
-    averages (``running_var`` with the unbiased variance); evaluation mode
-    normalises with the running averages, constants: its gradient in ``x`` is
-    ``weight / sqrt(running_var + eps) * g`` (not ``Normalize``'s, which differentiates
-    through the batch's statistics). Training mode needs at least two values per
+    averages (``running_var`` with the unbiased variance); evaluation mode computes
+    ``(x - running_mean) / sqrt(running_var + eps) * weight + bias``, each per-channel
+    number reshaped to ``channel_shape``. The running averages are constants there:
+    the gradient in ``x`` is ``weight / sqrt(running_var + eps) * g`` (not
+    ``Normalize``'s, which differentiates through the batch's statistics), while
+    ``weight`` and ``bias`` get their gradients in both modes (as in PyTorch, where
+    fine-tuning with frozen statistics trains them). Training mode needs at least two values per
     channel (the unbiased variance divides by count - 1): fewer, as in a batch of one
     ``(1, C)`` sample, raise ``ValueError`` naming the layer and the input's shape,
     before any running average changes. Subclasses set ``input_ndims``.
