@@ -282,6 +282,13 @@ def test_a_mismatch_in_a_stack_of_matrices_keeps_its_summary_and_both_arrays_in_
     assert "got [[[ 0.12573" in message and message.endswith("(shape (2, 5, 16), float64)"), message
 
 
+class _BadRepr:
+    """What a student's half-built object can be: its repr raises."""
+
+    def __repr__(self) -> str:
+        raise IndexError("empty")
+
+
 def test_expectations_say_what_was_expected_and_what_came_out() -> None:
     from tinytrain.course.checks import expect_close, expect_equal, expect_raises
 
@@ -298,6 +305,8 @@ def test_expectations_say_what_was_expected_and_what_came_out() -> None:
          "batch: expected an array of numbers [[1.]\n [2.]] (shape (2, 1), float64), got an array of Python objects"),
         (lambda: expect_raises(ValueError, lambda: 5, "Linear(2.5, 3)"), "Linear(2.5, 3): expected ValueError, but it returned 5"),
         (lambda: expect_raises(ValueError, lambda: {}["k"], "f()"), "f(): expected ValueError, got KeyError: 'k'"),
+        (lambda: expect_raises(ValueError, lambda: _BadRepr(), "TensorDataset()"),
+         "TensorDataset(): expected ValueError, but it returned a _BadRepr (whose repr raised IndexError: empty)"),
         (lambda: expect_raises(ValueError, lambda: int("x"), "int('x')", mentions=("'y'",)),
          "int('x'): expected the ValueError to name \"'y'\""),
     ]

@@ -357,7 +357,7 @@ class TokenWindows(Dataset):
     the next tokens, ``tokens[s + 1 : s + context + 1]``. There are
     ``(N - context - 1) // stride + 1`` windows in ``N`` tokens. ``stride=1`` (every
     start) is for training with a shuffling :class:`DataLoader`, ``stride=context``
-    (windows side by side, each token predicted once) for evaluation.
+    (windows side by side, each token predicted at most once) for evaluation.
 
     ``tokens`` is a 1-D sequence of integer ids (a NumPy array is used as it is, a
     tensor is copied to the host) with at least ``context + 1`` tokens. Raises

@@ -780,7 +780,7 @@ print("exact resume OK")
 # independently, with replacement: the same distribution for each window. An
 # epoch of Tiny Shakespeare's million characters is a million windows; a run of
 # a few thousand steps sees a fraction of them.) **Stride `T`** puts the windows
-# side by side: each token is predicted once, in order, and every evaluation
+# side by side: each token is predicted at most once, in order, and every evaluation
 # reads the same windows, so evaluation losses compare across a run.
 #
 # `TokenWindows` is a dataset, so everything a `DataLoader` does comes for free:
@@ -800,7 +800,7 @@ class TokenWindows(Dataset):
     the next tokens, ``tokens[s + 1 : s + context + 1]``. There are
     ``(N - context - 1) // stride + 1`` windows in ``N`` tokens. ``stride=1`` (every
     start) is for training with a shuffling :class:`DataLoader`, ``stride=context``
-    (windows side by side, each token predicted once) for evaluation.
+    (windows side by side, each token predicted at most once) for evaluation.
 
     ``tokens`` is a 1-D sequence of integer ids (a NumPy array is used as it is, a
     tensor is copied to the host) with at least ``context + 1`` tokens. Raises
@@ -855,18 +855,18 @@ class TokenWindows(Dataset):
 
 
 # %% check=2
-stream = np.arange(10, 17)  # N = 7 tokens
+stream = np.array([50, 12, 77, 31, 64, 8, 45])  # N = 7 tokens, in no order: a target is the next token, not id + 1
 windows = TokenWindows(stream, context=3)
 assert len(windows) == 4 and len(TokenWindows(stream, 3, stride=3)) == 2 and len(TokenWindows(stream, 6)) == 1
 x, y = windows[3]
-assert x.tolist() == [13, 14, 15] and y.tolist() == [14, 15, 16], (x, y)
+assert x.tolist() == [31, 64, 8] and y.tolist() == [64, 8, 45], (x, y)
 xs, ys = windows.__getitems__(np.array([2, 0]))
-assert xs.tolist() == [[12, 13, 14], [10, 11, 12]] and ys.tolist() == [[13, 14, 15], [11, 12, 13]]
-assert TokenWindows(stream, 3, stride=3)[1][0].tolist() == [13, 14, 15]
+assert xs.tolist() == [[77, 31, 64], [50, 12, 77]] and ys.tolist() == [[31, 64, 8], [12, 77, 31]], (xs, ys)
+assert TokenWindows(stream, 3, stride=3)[1][0].tolist() == [31, 64, 8]
 batches = list(DataLoader(windows, batch_size=2, shuffle=True, seed=0))
 assert [xb.shape for xb, _ in batches] == [(2, 3), (2, 3)] and batches[0][0].dtype == np.int64
 starts = sorted(int(s) for xb, _ in batches for s in xb.numpy()[:, 0])
-assert starts == [10, 11, 12, 13], "a shuffled epoch serves every window once"
+assert starts == [12, 31, 50, 77], "a shuffled epoch serves every window once"
 print("TokenWindows OK")
 
 # %% [markdown]

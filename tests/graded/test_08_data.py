@@ -20,6 +20,24 @@ def labels(loader):
     return [yb.numpy().tolist() for _, yb in loader]
 
 
+class WholeBatches:
+    """A dataset of its own (not a TensorDataset) with __getitems__: the loader must take its batches from it."""
+
+    def __init__(self, *arrays):
+        self.arrays, self.calls = arrays, 0
+
+    def __len__(self):
+        return len(self.arrays[0])
+
+    def __getitem__(self, i):
+        raise AssertionError(f"the loader read dataset[{i!r}] of a dataset with __getitems__: expected one call "
+                             f"__getitems__(indices) per batch")
+
+    def __getitems__(self, indices):
+        self.calls += 1
+        return tuple(a[indices] for a in self.arrays)
+
+
 class OneAtATime:
     """A dataset without __getitems__: the loader must read it sample by sample and collate."""
 
@@ -30,6 +48,9 @@ class OneAtATime:
         return len(self.arrays[0])
 
     def __getitem__(self, i):
+        # a dataset of Python lists takes only single indices: the loader must read dataset[int(i)]
+        assert isinstance(i, (int, np.integer)), (f"the loader read dataset[{i!r}] of a dataset without __getitems__: "
+                                                  f"expected one sample at a time, dataset[int(i)]")
         sample = tuple(a[i] for a in self.arrays)
         return sample if len(sample) > 1 else sample[0]
 
@@ -51,6 +72,12 @@ def _expect_rows(got, expected, what):
 def test_tensor_dataset_indexing(student):
     ds = student.TensorDataset(X, Y)
     expect_equal(len(ds), N, "len(TensorDataset(X, Y))")
+    small = X.astype(np.uint8)
+    kept = student.TensorDataset(small, Y).arrays
+    assert kept[0] is small and kept[1] is Y, (
+        f"TensorDataset(uint8 X, Y).arrays: expected the NumPy arrays themselves (used as they are, not copied), "
+        f"got arrays of dtypes ({kept[0].dtype}, {kept[1].dtype}), "
+        f"{'the same objects' if kept[0] is small else 'new objects'}")
     _expect_rows(ds[3], (X[3], Y[3]), "TensorDataset(X, Y)[3]")
     _expect_rows(ds[np.array([9, 0, 4])], (X[[9, 0, 4]], Y[[9, 0, 4]]), "TensorDataset(X, Y)[np.array([9, 0, 4])]")
     _expect_rows(ds[2:5], (X[2:5], Y[2:5]), "TensorDataset(X, Y)[2:5]")
@@ -129,12 +156,16 @@ def test_collate(student):
     expect_equal(one[0], np.array([[4.0, 5.0]]), "collate of one (x, y) sample: the xs")
     expect_equal(one[1], np.array([9]), "collate of one (x, y) sample: the ys")
     expect_equal(student.collate([np.arange(3)]), np.array([[0, 1, 2]]), "collate of one array")
+    xs, ys = student.collate([(tt.tensor([0.5]), 0), (tt.tensor([1.5]), 1)])
+    expect_equal(xs, np.array([[0.5], [1.5]], dtype=np.float32), "collate of 2 (tensor, int) samples: the xs (every "
+                 "field through _host_array)")
 
 
 # -- DataLoader -------------------------------------------------------------------------------
 
 @check(points=2, hint="len(loader) is ceil(N / batch_size), or floor with drop_last; each batch is a tuple of "
-                      "tensors (one per field) on the loader's device, float features as float32, labels int64")
+                      "tensors (one per field) on the loader's device, float features as float32, labels int64; any "
+                      "dataset with __getitems__ gives each batch in one call")
 def test_loader_batches(student):
     ds = student.TensorDataset(X, Y)
     for batch_size, drop_last, count in ((4, False, 3), (4, True, 2), (5, False, 2), (5, True, 2), (11, False, 1),
@@ -157,6 +188,10 @@ def test_loader_batches(student):
     xb, yb = next(iter(student.DataLoader(ds, batch_size=3, device="strict")))
     expect_equal((xb.device, yb.device), ("strict:0", "strict:0"), "a batch of DataLoader(..., device='strict'): "
                  "the devices of (x, y)")
+    own = WholeBatches(X, Y)
+    expect_equal(labels(student.DataLoader(own, batch_size=4)), [Y[:4].tolist(), Y[4:8].tolist(), Y[8:].tolist()],
+                 "DataLoader(a dataset of its own with __getitems__, batch_size=4): the label batches")
+    expect_equal(own.calls, 3, "the calls of __getitems__ in an epoch of 3 batches")
 
 
 @check(points=1, hint="a dataset without __getitems__ is read one sample at a time (dataset[int(i)]) and "
@@ -177,6 +212,9 @@ def test_loader_reads_sample_by_sample(student):
     expect_equal(last[0].numpy(), X[9:].astype(np.float32), "the last batch of DataLoader(10 (x, y) samples, "
                  "batch_size=3): one sample's features")
     expect_equal(last[1].numpy(), Y[9:], "the last batch of DataLoader(10 (x, y) samples, batch_size=3): its label")
+    xb, yb = next(iter(student.DataLoader(OneAtATime(X, Y), batch_size=3, device="strict")))
+    expect_equal((xb.device, yb.device), ("strict:0", "strict:0"), "a batch of DataLoader(dataset without "
+                 "__getitems__, device='strict'): the devices of (x, y)")
 
 
 @check(points=2, hint="with shuffle, every epoch draws a new permutation from the loader's own generator "

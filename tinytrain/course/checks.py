@@ -158,7 +158,11 @@ def expect_raises(exception: type[BaseException], call: Callable[[], Any], what:
         return error
     except Exception as error:
         raise AssertionError(f"{what}: expected {exception.__name__}, got {type(error).__name__}: {error}") from None
-    raise AssertionError(f"{what}: expected {exception.__name__}, but it returned {_show(_host(result))}")
+    try:  # the student's object, whose repr may itself fail (a half-built dataset's reads a missing array)
+        shown = _show(_host(result))
+    except Exception as error:  # noqa: BLE001 - any failure of the repr: name the type instead
+        shown = f"a {type(result).__name__} (whose repr raised {type(error).__name__}: {error})"
+    raise AssertionError(f"{what}: expected {exception.__name__}, but it returned {shown}")
 
 
 def expect_gradcheck(fn: Callable[..., Any], inputs: list[Any], what: str) -> None:
