@@ -800,6 +800,11 @@ for d in (4, 64, 512):
 # 3. exponentiate, and divide by the row sums — where a sum is 0, divide by 1
 #    instead (the row stays all 0).
 #
+# Compute into new arrays: `scores` is the input's own array, which another
+# operation may have saved for its backward, so writing into it (`scores -= m`)
+# would corrupt that gradient. Keep the scores' dtype: `-xp.inf` is a Python
+# number, so `where` keeps float32, while an array of `-inf` would be float64.
+#
 # Save the result as `self.out`: the backward pass (given) is the softmax's
 # from Module 02, $\bar s = w \odot (\bar w - \sum_j \bar w_j w_j)$, which is
 # automatically 0 wherever $w$ is.
@@ -833,7 +838,8 @@ class MaskedSoftmax(Function):
     allowed), or None (all allowed). Row ``i`` is ``exp(s_ij - m_i) / sum of the allowed
     exp(s_ij' - m_i)`` with ``m_i`` the row's largest allowed score; entries that are
     not allowed, or whose score is -inf, get 0. A row with nothing allowed is all
-    0 (not nan) and passes back a zero gradient. Forward saves its result as ``self.out``.
+    0 (not nan) and passes back a zero gradient. Forward saves its result as ``self.out``,
+    a new array of the scores' dtype, and leaves ``scores`` as it was.
     """
 
     def forward(self, scores: Any, *, allowed: Any) -> Any:
@@ -878,9 +884,11 @@ print("MaskedSoftmax OK")
 #   the leading axes (a batch, heads) broadcast, and the result is
 #   $(\dots, L, E_v)$. Transpose the last two axes of `key` with
 #   `key.transpose(*range(key.ndim - 2), -1, -2)`.
-# * `scale` defaults to $1/\sqrt{E}$; multiplying the queries by it before the
-#   product is cheaper than multiplying the $(L, S)$ scores (and the same, up
-#   to rounding).
+# * `scale=None` (the default) means $1/\sqrt{E}$; a number given is used as
+#   it is, 0 included (every score 0: uniform weights, as in PyTorch), so test
+#   `scale is None`, not `not scale`. Multiplying the queries by it before the
+#   product touches $L \cdot E$ numbers instead of the $L \cdot S$ scores:
+#   cheaper whenever $E < S$ (and the same, up to rounding).
 # * `attn_mask`: a boolean mask, `True` where a query may attend a key
 #   (PyTorch's convention), broadcasting to $(\dots, L, S)$. The given first
 #   line checks the shapes and hands it to you as `allowed`, a boolean array
@@ -936,7 +944,8 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn
     """``softmax(query @ key^T * scale) @ value`` over the last two axes, with masked scores left out.
 
     ``query`` (..., L, E), ``key`` (..., S, E), ``value`` (..., S, Ev) -> (..., L, Ev); the
-    leading axes broadcast. ``scale`` defaults to ``1 / sqrt(E)``. ``attn_mask``: boolean,
+    leading axes broadcast. ``scale=None`` means ``1 / sqrt(E)``; a number, 0 included, is
+    used as it is. ``attn_mask``: boolean,
     True where a query may attend a key, broadcasting to (..., L, S). ``is_causal``:
     query ``i`` may attend key ``j`` only when ``j <= i + (S - L)`` (the queries are the
     last L of S positions; the lower triangle when L == S); not with ``attn_mask``.

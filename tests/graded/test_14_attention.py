@@ -215,12 +215,24 @@ def test_embedding_backward(student):
         expected = np.zeros((4, 3))
         for position in np.ndindex(*ids.shape):
             expected[ids[position]] += upstream[position]
-        expect_close(w.grad, expected, f"the weight's gradient for ids {ids.tolist()} (each row the sum over the "
-                                       f"positions of its id)", rtol=1e-5, atol=1e-6, dtype="float32")
+        expect_close(w.grad, expected.astype(np.float32), f"the weight's gradient for ids {ids.tolist()} (each row "
+                     f"the sum over the positions of its id)", rtol=1e-5, atol=1e-6, dtype="float32")
     node = student.EmbeddingFunction.apply(tt.tensor(weight, requires_grad=True), ids=tt.tensor([0, 2]).data)._ctx
     grads = node.backward(tt.ones(2, 3, dtype="float32").data)
     expect_equal(str(grads[0].dtype), "float32", "the dtype of the gradient EmbeddingFunction.backward returns for a "
                                                  "float32 grad (grad's dtype)")
+    grads = {}
+    for device in ("cpu", "strict"):
+        tt.manual_seed(0)
+        table = student.Embedding(5, 2).to(device)
+        try:
+            (table(tt.tensor([[4, 4, 0]], device=device)) * tt.tensor([[[1.0, 2.0]] * 3], device=device)).sum().backward()
+        except TypeError as error:
+            raise AssertionError(f"Embedding(5, 2) on the {device!r} device, forward and backward: expected the "
+                                 f"weight's gradient, got TypeError: {error} (make the zeros with self.xp)") from None
+        grads[device] = table.weight.grad.numpy()
+    expect_equal(grads["strict"], grads["cpu"], "the weight's gradient of Embedding(5, 2) on the strict device "
+                 "(against the cpu's)")
     layer = student.Embedding(5, 2).to(dtype="float64")
     expect_gradcheck(lambda w: layer(tt.tensor([[4, 4, 0], [2, 4, 1]])), [layer.weight],
                      "Embedding(5, 2) in float64 for ids [[4, 4, 0], [2, 4, 1]]")
@@ -244,7 +256,8 @@ def test_sinusoidal_encoding(student):
 
 @check(points=2, hint="MaskedSoftmax.forward: scores = where(allowed, scores, -inf) (unless allowed is None); "
                       "m = row max (keepdims), 0 where it is -inf; e = exp(scores - m); out = e / (row sum, 1 where "
-                      "it is 0); save it as self.out -- a row with nothing allowed is all 0, never nan")
+                      "it is 0); save it as self.out -- a row with nothing allowed is all 0, never nan; new arrays "
+                      "in the scores' dtype (the scores stay as they were)")
 def test_masked_softmax(student):
     scores = RNG.standard_normal((2, 3, 4, 5)) * 3
     scores[0, 0, 0] = [1000.0, -1000.0, 999.0, 0.0, 5.0]
@@ -258,6 +271,8 @@ def test_masked_softmax(student):
         out = student.MaskedSoftmax.apply(x, allowed=allowed)
         expected = ref_masked_softmax(scores, True if allowed is None else allowed)
         expect_close(out, expected, f"MaskedSoftmax of (2, 3, 4, 5) scores with {name}", rtol=1e-9, atol=1e-12)
+        expect_equal(x.numpy(), scores, f"the scores after MaskedSoftmax with {name} (forward must not write into "
+                                        "its input: another operation may have saved it)")
         upstream = RNG.standard_normal(scores.shape)
         out.backward(t64(upstream))
         expected_grad = expected * (upstream - (upstream * expected).sum(axis=-1, keepdims=True))
@@ -266,9 +281,14 @@ def test_masked_softmax(student):
     out = student.MaskedSoftmax.apply(t64([[0.0, 1.0], [2.0, 3.0]]), allowed=np.array([[False, False], [True, False]]))
     expect_equal(out.numpy(), np.array([[0.0, 0.0], [1.0, 0.0]]), "MaskedSoftmax of [[0, 1], [2, 3]] with "
                                                                   "[[False, False], [True, False]] allowed")
+    out = student.MaskedSoftmax.apply(t64([[1000.0, 0.0, 1.0]]), allowed=np.array([[False, True, True]]))
+    expect_close(out, [[0.0, 1 / (1 + math.e), math.e / (1 + math.e)]], "MaskedSoftmax of [[1000, 0, 1]] with "
+                 "[[False, True, True]] allowed (m is the largest ALLOWED score, 1, not 1000)", rtol=1e-9)
     out = student.MaskedSoftmax.apply(tt.tensor([[-np.inf, -np.inf], [3.0, 1.0]]), allowed=None)
     expect_close(out, [[0.0, 0.0], [1 / (1 + math.exp(-2)), 1 / (1 + math.exp(2))]],
                  "MaskedSoftmax of float32 [[-inf, -inf], [3, 1]] without a mask", dtype="float32")
+    out = student.MaskedSoftmax.apply(tt.tensor([[2.0, 3.0], [3.0, 1.0]]), allowed=np.array([[True, False]] * 2))
+    expect_close(out, [[1.0, 0.0], [1.0, 0.0]], "MaskedSoftmax of float32 scores with a mask", dtype="float32")
 
 
 @check(points=2, hint="scaled_dot_product_attention: scores = (query * scale) @ key with its last two axes swapped "
@@ -295,6 +315,9 @@ def test_attention_scale(student):
                  "attention of query (3, 16), key (5, 16): scores divided by sqrt(16) = 4", rtol=1e-9, atol=1e-12)
     expect_close(student.scaled_dot_product_attention(t64(q), t64(k), t64(v), scale=0.3),
                  ref_attention(q, k, v, scale=0.3), "attention with scale=0.3", rtol=1e-9, atol=1e-12)
+    expect_close(student.scaled_dot_product_attention(t64(q), t64(k), t64(v), scale=0.0),
+                 np.broadcast_to(v.mean(axis=0), (3, 2)), "attention with scale=0.0 (every score 0: each query "
+                 "weighs the 5 values equally; only scale=None means 1 / sqrt(E))", rtol=1e-9, atol=1e-12)
 
 
 @check(points=3, hint="is_causal: allowed[i, j] = j <= i + (S - L), an (L, S) boolean array (xp.arange(S) <= "
@@ -318,6 +341,17 @@ def test_attention_causal(student):
                         f"values 4 and 5 change, but those of queries {leaked} changed: the mask lets the future in")
     expect_gradcheck(lambda q, k, v: student.scaled_dot_product_attention(q, k, v, is_causal=True),
                      [t64(q[:, :4], True), t64(k[:, :4], True), t64(v[:, :4], True)], "causal attention of 4 positions")
+    on_devices = {}
+    for device in ("cpu", "strict"):
+        q32, k32, v32 = (tt.tensor(a, device=device) for a in (q[:, :5], k, v))
+        try:
+            on_devices[device] = student.scaled_dot_product_attention(q32, k32, v32, is_causal=True)
+        except TypeError as error:
+            raise AssertionError(f"causal attention of float32 tensors on the {device!r} device: expected its output, "
+                                 f"got TypeError: {error} (build the mask with query._backend.xp)") from None
+    expect_equal(on_devices["strict"].dtype, np.dtype(np.float32), "the dtype of causal attention of float32 tensors")
+    expect_close(on_devices["strict"].numpy(), on_devices["cpu"].numpy(), "causal attention on the strict device "
+                 "(against the cpu's)", rtol=1e-5, atol=1e-6)
 
 
 @check(points=2, hint="attn_mask arrives as the boolean array allowed (True where attention is allowed) and goes "

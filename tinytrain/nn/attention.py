@@ -28,7 +28,8 @@ class MaskedSoftmax(Function):
     allowed), or None (all allowed). Row ``i`` is ``exp(s_ij - m_i) / sum of the allowed
     exp(s_ij' - m_i)`` with ``m_i`` the row's largest allowed score; entries that are
     not allowed, or whose score is -inf, get 0. A row with nothing allowed is all
-    0 (not nan) and passes back a zero gradient. Forward saves its result as ``self.out``.
+    0 (not nan) and passes back a zero gradient. Forward saves its result as ``self.out``,
+    a new array of the scores' dtype, and leaves ``scores`` as it was.
     """
 
     def forward(self, scores: Any, *, allowed: Any) -> Any:
@@ -86,7 +87,8 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn
     """``softmax(query @ key^T * scale) @ value`` over the last two axes, with masked scores left out.
 
     ``query`` (..., L, E), ``key`` (..., S, E), ``value`` (..., S, Ev) -> (..., L, Ev); the
-    leading axes broadcast. ``scale`` defaults to ``1 / sqrt(E)``. ``attn_mask``: boolean,
+    leading axes broadcast. ``scale=None`` means ``1 / sqrt(E)``; a number, 0 included, is
+    used as it is. ``attn_mask``: boolean,
     True where a query may attend a key, broadcasting to (..., L, S). ``is_causal``:
     query ``i`` may attend key ``j`` only when ``j <= i + (S - L)`` (the queries are the
     last L of S positions; the lower triangle when L == S); not with ``attn_mask``.
