@@ -4,7 +4,8 @@
 
 A checkpoint holds plain data only: ``None``, booleans, numbers, strings, lists,
 dicts with string or integer keys, and NumPy arrays (tensors and device arrays are
-copied to the host). The file is a pickle of ``{"format", "version", "sha256",
+brought to the host: a copy from a GPU, the array itself on the CPU, since a save
+pickles it at once). The file is a pickle of ``{"format", "version", "sha256",
 "payload"}``: the payload is the pickled state, the sha256 its checksum, so a
 damaged copy is detected (version 1 files, the state itself without a checksum,
 still load). :func:`write_checkpoint` writes it to a temporary file in the same
@@ -41,7 +42,9 @@ class CheckpointError(ValueError):
 
 def to_plain(value: Any, where: str = "state") -> Any:
     """``value`` as plain data: tensors and device arrays become NumPy arrays on the host,
-    tuples become lists, NumPy scalars become Python numbers.
+    tuples become lists, NumPy scalars become Python values of exact types (``np.float64``
+    and ``np.str_`` too, though they are subclasses of float and str: their pickle names
+    a NumPy class, which the loader refuses); ``True`` stays a bool.
 
     Raises :class:`CheckpointError` naming the path (``where``) of the first value
     that is none of: ``None``, bool, int, float, str, list, tuple, dict with str or
@@ -278,7 +281,9 @@ def restore_rng_state(state: dict[str, Any]) -> None:
     """Restore what :func:`capture_rng_state` returned (also after a round trip through a file).
 
     A device that ``get_backend`` cannot create here (``ValueError``, ``ImportError``
-    or ``RuntimeError``) is skipped with a ``RuntimeWarning``; the others are restored.
+    or ``RuntimeError``: a ``"cuda:0"`` state resumed on a laptop) is skipped with a
+    ``RuntimeWarning``; Python's and NumPy's generators and the other devices are
+    restored all the same, whatever the order of the devices.
     """
     version, internal, gauss = state["python"]
     random.setstate((version, tuple(internal), gauss))  # the file made the tuples lists

@@ -102,11 +102,11 @@ class Backend:
         return self.xp.asarray(data, dtype=dtype)
 
     def from_host(self, array: np.ndarray) -> Any:
-        """Copy a NumPy array onto this device."""
+        """A NumPy array on this device: a copy on a GPU, the array itself here."""
         return self.xp.asarray(array)
 
     def to_host(self, array: Any) -> np.ndarray:
-        """Copy an array of this device into a NumPy array."""
+        """An array of this device as a NumPy array: a copy from a GPU, the array itself here."""
         return np.asarray(array)
 
     def scatter_add(self, target: Any, index: Any, values: Any) -> None:

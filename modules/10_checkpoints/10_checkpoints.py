@@ -92,7 +92,8 @@ def toy_model():
 
 A checkpoint holds plain data only: ``None``, booleans, numbers, strings, lists,
 dicts with string or integer keys, and NumPy arrays (tensors and device arrays are
-copied to the host). The file is a pickle of ``{"format", "version", "sha256",
+brought to the host: a copy from a GPU, the array itself on the CPU, since a save
+pickles it at once). The file is a pickle of ``{"format", "version", "sha256",
 "payload"}``: the payload is the pickled state, the sha256 its checksum, so a
 damaged copy is detected (version 1 files, the state itself without a checksum,
 still load). :func:`write_checkpoint` writes it to a temporary file in the same
@@ -129,7 +130,9 @@ class CheckpointError(ValueError):
 
 def to_plain(value: Any, where: str = "state") -> Any:
     """``value`` as plain data: tensors and device arrays become NumPy arrays on the host,
-    tuples become lists, NumPy scalars become Python numbers.
+    tuples become lists, NumPy scalars become Python values of exact types (``np.float64``
+    and ``np.str_`` too, though they are subclasses of float and str: their pickle names
+    a NumPy class, which the loader refuses); ``True`` stays a bool.
 
     Raises :class:`CheckpointError` naming the path (``where``) of the first value
     that is none of: ``None``, bool, int, float, str, list, tuple, dict with str or
@@ -471,8 +474,9 @@ def _refuse_non_plain_data(path: Path, state: dict[str, Any]) -> None:
 # ### Every random state
 #
 # Python's `random.getstate()` and NumPy's `np.random.get_state(legacy=False)`
-# return plain data: a tuple `(version, <a tuple of 625 integers>, None)`, and a
-# dict with an array. A file stores tuples as lists (`to_plain`), and
+# return plain data: a tuple `(version, <a tuple of 625 integers>, gauss_next)`
+# (`gauss_next` is `None`, or a float after `random.gauss`), and a dict with an
+# array. A file stores tuples as lists (`to_plain`), and
 # `random.setstate` takes only tuples: turn them back when you restore. Each tinytrain
 # backend keeps its own generator (Module 01) and reports its state with
 # `rng_state()`. Save them all by device name (`backend.device`: `"cpu"`,
@@ -506,7 +510,9 @@ def restore_rng_state(state: dict[str, Any]) -> None:
     """Restore what :func:`capture_rng_state` returned (also after a round trip through a file).
 
     A device that ``get_backend`` cannot create here (``ValueError``, ``ImportError``
-    or ``RuntimeError``) is skipped with a ``RuntimeWarning``; the others are restored.
+    or ``RuntimeError``: a ``"cuda:0"`` state resumed on a laptop) is skipped with a
+    ``RuntimeWarning``; Python's and NumPy's generators and the other devices are
+    restored all the same, whatever the order of the devices.
     """
     ### BEGIN SOLUTION
     version, internal, gauss = state["python"]
@@ -734,7 +740,8 @@ class Trainer(Resumable, Trainer):
 # halves: 2 epochs, save, throw everything away, build a *new* model, optimizer
 # and loader (after `tt.manual_seed(999)`, to be sure nothing is inherited), load, and
 # train the last 2 epochs. The weights must be identical to the last bit —
-# `np.array_equal`, not `allclose`. (The tests do the second half in a separate
+# `np.array_equal`, not `allclose`. (The graded check does the same after
+# scrambling every generator; the library's own tests also resume in a separate
 # Python process.)
 
 # %%

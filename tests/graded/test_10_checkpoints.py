@@ -35,7 +35,8 @@ def files_in(folder):
 
 # -- checkpoint files ---------------------------------------------------------------------------
 
-@check(points=1, hint="to_plain: keep None/bool/int/float/str (exact types), NumPy scalars -> .item(), tensors and "
+@check(points=1, hint="to_plain: keep None/bool/int/float/str (exact types), NumPy scalars (np.float64 and np.str_ "
+                      "too, subclasses of float and str) -> .item(), tensors and "
                       "device arrays -> host NumPy arrays, tuples -> lists, recurse into dicts (str/int keys) and "
                       "lists; anything else raises CheckpointError naming the path, e.g. ['model']['layer']")
 def test_to_plain(student, monkeypatch):
@@ -55,7 +56,12 @@ def test_to_plain(student, monkeypatch):
     expect_equal(plain["betas"], [0.9, 0.999], "to_plain of the tuple (0.9, 0.999)")
     expect_equal(plain["nested"], {0: [0.5, None, "text"]}, "to_plain of {0: [np.float32(0.5), None, 'text']}")
     expect_equal(type(plain["nested"][0][0]).__name__, "float", "the type of to_plain(np.float32(0.5))")
-    expect_equal(plain["ok"], True, "to_plain(True)")
+    expect_equal((plain["ok"], type(plain["ok"]).__name__), (True, "bool"), "to_plain(True): (value, type)")
+    subclasses = student.to_plain({"f": np.float64(0.25), "s": np.str_("x"), "b": np.bool_(False)})
+    expect_equal({key: (value, type(value).__name__) for key, value in subclasses.items()},
+                 {"f": (0.25, "float"), "s": ("x", "str"), "b": (False, "bool")},
+                 "to_plain of np.float64(0.25), np.str_('x') and np.bool_(False): (value, type) -- np.float64 and "
+                 "np.str_ are subclasses of float and str, but their pickles name NumPy classes")
     expect_equal(plain["array"], np.arange(3), "to_plain(np.arange(3))")
     pickle.loads(pickle.dumps(plain))  # plain data pickles without naming any class of ours
     for bad, where in (({"model": {"layer": object()}}, "['model']['layer']"),
@@ -85,6 +91,11 @@ def test_atomic_write(student, tmp_path, monkeypatch):
     written_into = []
     student.atomic_write(target, lambda f: written_into.append(str(f.name)) or f.write(b"old"))
     expect_equal(target.read_bytes(), b"old", "the file after atomic_write of b'old'")
+    inodes = []
+    student.atomic_write(target, lambda f: inodes.append(os.fstat(f.fileno()).st_ino) or f.write(b"old"))
+    assert os.stat(target).st_ino == inodes[0], (
+        "atomic_write: expected the target to BE the temporary file, renamed over it with os.replace (one step that "
+        "cannot leave it half-written), got another file (a copy of it: a copy empties the target first)")
     assert re.fullmatch(re.escape(str(tmp_path / ".state.bin.")) + "[0-9a-f]{12}\\.tmp", written_into[0]), \
         f"the file atomic_write(.../state.bin) writes into: expected the given temporary file, " \
         f"{tmp_path}/.state.bin.<12 hex digits>.tmp (a later save removes those a killed process left), " \
@@ -122,6 +133,7 @@ def test_atomic_write(student, tmp_path, monkeypatch):
     monkeypatch.setattr(os, "fsync", recording_fsync)
     student.atomic_write(target, lambda f: f.write(b"brand new"))
     monkeypatch.setattr(os, "fsync", real_fsync)
+    assert synced, "atomic_write of b'brand new': expected os.fsync of the temporary file, it was never called"
     assert (len(b"brand new"), b"old") in synced, \
         f"os.fsync during atomic_write of b'brand new': expected an fsync of a file holding its 9 bytes while the " \
         f"target still held b'old' (flush, then fsync, then os.replace); got (bytes in the file, the target's " \
@@ -151,7 +163,8 @@ def test_safe_unpickler(student, tmp_path):
     expect_raises(student.CheckpointError, lambda: student.read_checkpoint(tmp_path / "evil.ckpt"),
                   "read_checkpoint of a file that calls os.mkdir")
     assert not (tmp_path / "pwned").exists(), "read_checkpoint ran code from the file: the folder 'pwned' was made"
-    for name, what in ((b"cbuiltins\neval\n", "eval"), (b"cos\nsystem\n", "system")):
+    for name, what in ((b"cbuiltins\neval\n", "eval"), (b"cos\nsystem\n", "system"),
+                       (b"cnumpy.testing._private.utils\nrunstring\n", "runstring")):  # NumPy has exec, too
         expect_raises(student.CheckpointError, lambda: student.SafeUnpickler(io.BytesIO(b"\x80\x02" + name + b".")).load(),
                       f"SafeUnpickler of a pickle that names {name.decode().split()}", mentions=(what,))
     data = {"w": np.arange(6, dtype=np.float32).reshape(2, 3), "i": np.arange(3), "b": np.array([True, False]),
@@ -220,19 +233,33 @@ def test_rng_states_of_devices_that_cannot_take_part(student):
         for name in [name for name in registry._BACKENDS if name.startswith("nostate")]:
             del registry._BACKENDS[name]
         del registry._FACTORIES["nostate"]
-    tt.manual_seed(5)
-    state = student.capture_rng_state()
-    expected = tt.randn(3).numpy()
-    state["backends"]["tpu:0"] = {"saved": "on a machine with a TPU"}
-    tt.manual_seed(6)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        student.restore_rng_state(state)
-    categories = [w.category.__name__ for w in caught]
-    assert "RuntimeWarning" in categories, \
-        f"restore_rng_state of a state with device 'tpu:0': expected a RuntimeWarning, got {categories}"
-    expect_equal(tt.randn(3).numpy(), expected, "tt.randn(3) after restoring (the CPU's generator is restored all "
-                                                "the same)")
+    registry.register_backend("unplugged", lambda index: (_ for _ in ()).throw(
+        RuntimeError("device 'unplugged' needs a driver this machine lacks")))
+    try:
+        for missing, why in (("tpu:0", "ValueError"), ("unplugged:0", "RuntimeError")):
+            tt.manual_seed(5)
+            random.seed(5), np.random.seed(5)
+            state = student.capture_rng_state()
+            expected = (tt.randn(3).numpy(), random.random(), np.random.rand())
+            # the device that cannot be created comes first: the others must be restored after it all the same
+            state["backends"] = {missing: {"saved": "on another machine"}, **state["backends"]}
+            tt.manual_seed(6)
+            random.seed(6), np.random.seed(6)
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                student.restore_rng_state(state)
+            categories = [w.category.__name__ for w in caught]
+            assert "RuntimeWarning" in categories, \
+                f"restore_rng_state of a state with device {missing!r} (get_backend raises {why}): expected a " \
+                f"RuntimeWarning, got {categories}"
+            for name, value, want in zip(("tt.randn(3)", "random.random()", "np.random.rand()"),
+                                         (tt.randn(3).numpy(), random.random(), np.random.rand()), expected):
+                expect_equal(value, want, f"{name} after restoring a state whose first device {missing!r} cannot be "
+                                          f"created here ({why}): every other generator is restored all the same")
+    finally:
+        for name in [name for name in registry._BACKENDS if name.startswith("unplugged")]:
+            del registry._BACKENDS[name]
+        registry._FACTORIES.pop("unplugged", None)
 
 
 def student_trainer(student):
@@ -305,7 +332,7 @@ def run_early_stopping(callback, values, monitor="eval_loss", model=None):
     for value in values:
         trainer.epoch += 1
         trainer.step += 10
-        for p in trainer.model.parameters():  # this epoch's weights: every value is the epoch number
+        for p in trainer.model.parameters() + trainer.model.buffers():  # this epoch's state: every value is its number
             p.data[...] = trainer.epoch
         # the Trainer's logs: the epoch's number is both logs["epoch"] and trainer.epoch
         callback.on_epoch_end(trainer, {"epoch": trainer.epoch, "step": trainer.step, monitor: value})
@@ -345,6 +372,20 @@ def test_early_stopping_restores_the_best_weights(student):
     expect_equal([p.numpy().tolist() for p in trainer.model.parameters()], [[[4.0, 4.0]], [4.0]],
                  "the weights after on_fit_end of EarlyStopping(restore_best=True): those of the best epoch, 4 "
                  "(every weight of epoch e is e)")
+    normed = nn.Sequential(nn.Linear(2, 1), nn.BatchNorm1d(1))
+    restoring = student.EarlyStopping(patience=2, restore_best=True)
+    trainer = run_early_stopping(restoring, [1.0, 0.5, 0.6, 0.4, 0.45, 0.41], model=normed)
+    try:
+        restoring.on_fit_end(trainer)
+    except Exception as error:  # noqa: BLE001 - the message says what went wrong
+        raise AssertionError(f"on_fit_end of EarlyStopping(restore_best=True) for Sequential(Linear, BatchNorm1d): "
+                             f"expected the best epoch's state back, got {type(error).__name__}: {error} (keep "
+                             f"trainer.model.state_dict(): parameters and buffers)") from None
+    state = {name: np.asarray(value.numpy() if isinstance(value, tt.Tensor) else value).tolist()
+             for name, value in normed.state_dict().items()}
+    expect_equal(state, {name: np.full(np.shape(value), 4).tolist() for name, value in state.items()},
+                 "the state of Sequential(Linear, BatchNorm1d) after on_fit_end: parameters AND buffers (running "
+                 "statistics) of the best epoch, 4")
     best_weights = restoring.state_dict()["best_weights"]
     assert best_weights is not None, "EarlyStopping(restore_best=True).state_dict()['best_weights']: expected the " \
                                      "best epoch's weights, got None"
