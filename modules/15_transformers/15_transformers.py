@@ -505,7 +505,8 @@ def next_token_probs(logits: Tensor, temperature: float = 1.0, top_k: int | None
     ``temperature > 0``: ``softmax(logits / temperature)`` over the ``top_k`` largest logits of
     each row (all when ``top_k`` is None; a logit equal to the k-th largest is kept too); the
     others get probability 0. ``temperature == 0``: greedy, probability 1 for the largest logit
-    of each row (the first of equal ones) and 0 elsewhere.
+    of each row (the first of equal ones) and 0 elsewhere. The result has the logits' dtype;
+    the logits themselves stay as they were (``logits.data`` is the caller's array).
     """
     if logits.ndim != 2:
         raise ValueError(f"next_token_probs expects logits of shape (B, V), got {logits.shape}")
@@ -641,8 +642,9 @@ for context in (32, 64, 128, 256, 511):
 # contexts: attention is $T^2$); the cached time barely moves, since it does one
 # position's matrix products and one row of attention. On the machine this was
 # written on, the cache was about 20x faster at 256 tokens (1.5 ms against 32 ms)
-# and 50x at 511. At short contexts the gain is small: the floor of the cached
-# step is Python, a few hundred small operations per token, whatever the context.
+# and 50x at 511 (a busy machine gives smaller ratios: they are best-of-5 times).
+# At short contexts the gain is small: the floor of the cached step is Python, a
+# few hundred small operations per token, whatever the context.
 #
 # ### Gradient checkpointing per block
 #
@@ -654,32 +656,42 @@ for context in (32, 64, 128, 256, 511):
 # `tracemalloc`, with the same weights:
 
 # %%
-def peak_step_bytes(checkpointing: bool) -> tuple[int, float, float]:
-    config = GPTConfig(vocab_size=65, block_size=128, n_layer=6, n_head=4, n_embd=128,
-                             checkpointing=checkpointing)
+def peak_and_seconds(checkpointing: bool) -> tuple[int, float, float]:
+    """(peak bytes, best seconds, loss) of one training step; timed apart from tracemalloc, which slows every allocation."""
+    config = GPTConfig(vocab_size=65, block_size=128, n_layer=6, n_head=4, n_embd=128, checkpointing=checkpointing)
     tt.manual_seed(0)
     model = GPT(config)
     idx = tt.tensor(np.random.default_rng(0).integers(0, 65, (8, 129)))
+
+    def step() -> float:
+        model.zero_grad()
+        _, loss = model(idx[:, :-1], targets=idx[:, 1:])
+        loss.backward()
+        return loss.item()
+
+    loss = step()  # a first step warms up: caches, first allocations
+    seconds = math.inf
+    for _ in range(2):
+        start = time.perf_counter()
+        step()
+        seconds = min(seconds, time.perf_counter() - start)
     tracemalloc.start()
-    start = time.perf_counter()
-    _, loss = model(idx[:, :-1], targets=idx[:, 1:])
-    loss.backward()
-    seconds = time.perf_counter() - start
+    step()
     peak = tracemalloc.get_traced_memory()[1]
     tracemalloc.stop()
-    return peak, seconds, loss.item()
+    return peak, seconds, loss
 
 
-plain, plain_s, plain_loss = peak_step_bytes(False)
-ckpt, ckpt_s, ckpt_loss = peak_step_bytes(True)
+plain, plain_s, plain_loss = peak_and_seconds(False)
+ckpt, ckpt_s, ckpt_loss = peak_and_seconds(True)
 assert plain_loss == ckpt_loss
 print(f"peak memory of a training step: {plain / 2**20:.1f} MiB plain, {ckpt / 2**20:.1f} MiB checkpointed "
       f"({1 - ckpt / plain:.0%} less); time {plain_s:.2f} s vs {ckpt_s:.2f} s ({ckpt_s / plain_s:.2f}x)")
 
 # %% [markdown]
-# Here the peak fell by about two thirds (111 MiB to 35 MiB) and the step took
+# Here the peak fell by about two thirds (113 MiB to 37 MiB) and the step took
 # longer: each block runs its forward twice. In theory the extra cost is one
-# forward of three passes, a third more; on this CPU it measured nearer 1.5-2x,
+# forward of three passes, a third more; on this CPU it measured about 1.45x,
 # since the recompute also allocates again what the plain step kept. The peak
 # that remains is the weights' gradients, the logits
 # $(B, T, V)$ and one block's activations during its recompute.

@@ -121,6 +121,8 @@ def test_forward_and_loss(student):
     targets = RNG.integers(0, 11, (3, 7))
     result = model(tt.tensor(idx), targets=tt.tensor(targets))
     expect_equal(isinstance(result, tuple) and len(result) == 2, True, "GPT(idx, targets) returns (logits, loss)")
+    expect_close(result[0], logits.numpy(), "the logits of GPT(idx, targets): (B, T, vocab_size), as without targets",
+                 rtol=1e-9, atol=1e-12)
     z = logits.numpy().reshape(-1, 11)
     log_probs = z - z.max(-1, keepdims=True) - np.log(np.exp(z - z.max(-1, keepdims=True)).sum(-1, keepdims=True))
     want = -log_probs[np.arange(21), targets.reshape(-1)].mean()
@@ -147,12 +149,14 @@ def test_next_token_probs(student):
     z = np.array([[2.0, 1.0, 0.0, -1.0, 0.5], [0.0, 3.0, 3.0, 1.0, 3.0], [-5.0, 7.0, 1.0, 1.0, 6.5]])
     for temperature, top_k in [(1.0, None), (0.5, None), (2.0, None), (1.0, 2), (0.7, 3), (1.0, 1), (1.5, 4),
                                (1.0, 5), (1.0, 9), (0, None), (0, 2)]:
-        got = student.next_token_probs(tt.tensor(z), temperature=temperature, top_k=top_k)
-        expect_close(got, ref_probs(z, temperature, top_k),
-                     f"next_token_probs(logits, temperature={temperature}, top_k={top_k}) for logits {z.tolist()}")
-    big = tt.tensor([[1000.0, 999.0, -1000.0], [-1000.0, -1001.0, -3000.0]])
-    expect_close(student.next_token_probs(big), ref_probs(big.numpy(), 1.0, None),
-                 f"next_token_probs of logits {big.numpy().tolist()} (subtract each ROW's maximum before exp)")
+        logits = tt.tensor(z)
+        what = f"next_token_probs(logits, temperature={temperature}, top_k={top_k}) for float32 logits {z.tolist()}"
+        got = student.next_token_probs(logits, temperature=temperature, top_k=top_k)
+        expect_close(got, ref_probs(z, temperature, top_k), what, dtype="float32")
+        expect_equal(logits.numpy(), z.astype(np.float32), f"the logits after {what} (they must stay as they were)")
+    rows = [[1000.0, 999.0, -1000.0], [-1000.0, -1001.0, -3000.0]]
+    expect_close(student.next_token_probs(tt.tensor(rows)), ref_probs(rows, 1.0, None),
+                 f"next_token_probs of logits {rows} (subtract each ROW's maximum before exp)")
 
 
 @check(points=1, hint="generate draws from next_token_probs: top-k must give the other logits probability 0, and "
@@ -181,7 +185,7 @@ def test_generate_top_k_and_greedy(student):
                       "the heads, c_proj. And in GPT.forward the positions start at the cache's length BEFORE this "
                       "call (wpe(..., start=cache.length))", after="test_forward_and_loss")
 def test_kv_cache(student):
-    model = float64_model(student).eval()
+    model = float64_model(student, dropout=0.2).eval()  # evaluation mode: no dropout on either path
     idx = RNG.integers(0, 11, (2, 10))
     full = model(tt.tensor(idx)).numpy()
     cache = student.KVCache(2)
