@@ -1,6 +1,7 @@
 """The Trainer: accumulation, schedules, clipping, non-finite values, modes, fit, memory, plots."""
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -8,6 +9,7 @@ import pytest
 
 import tinytrain as tt
 from tinytrain import nn
+from tinytrain.nn import functional as F
 from tinytrain.data import DataLoader, TensorDataset
 from tinytrain.testing.strict import host_reads
 from tinytrain.training import Trainer, clip_grad_norm, memory_report, plot_history
@@ -92,6 +94,24 @@ def test_clip_leaves_non_finite_gradients_alone_or_raises(bad: float) -> None:
         clip_grad_norm([a, b], max_norm=0)
 
 
+@pytest.mark.parametrize("max_norm, error", [(True, TypeError), ("1", TypeError), (-1.0, ValueError),
+                                             (float("nan"), ValueError)])
+def test_clip_refuses_a_max_norm_that_is_not_a_positive_number(max_norm, error) -> None:
+    a = tt.zeros(2, requires_grad=True)
+    a.grad = tt.tensor([3.0, 4.0])
+    with pytest.raises(error, match="max_norm"):
+        clip_grad_norm([a], max_norm=max_norm)
+    assert a.grad.numpy().tolist() == [3.0, 4.0]
+
+
+@pytest.mark.parametrize("max_norm", [np.float32(1.0), np.int64(1), float("inf")])
+def test_clip_takes_numpy_numbers_and_inf_as_max_norm(max_norm) -> None:
+    a = tt.zeros(2, requires_grad=True)
+    a.grad = tt.tensor([3.0, 4.0])
+    assert clip_grad_norm([a], max_norm=max_norm) == 5.0
+    assert np.linalg.norm(a.grad.numpy()) == pytest.approx(min(5.0, float(max_norm)), rel=1e-5)
+
+
 # -- gradient accumulation --------------------------------------------------------------------
 
 
@@ -135,6 +155,20 @@ def test_sum_and_none_reductions_train_like_mean(reduction: str) -> None:
     assert_close(got, expected)
     mean_loss, _, _ = one_epoch(32, 3, n=100)
     assert loss == pytest.approx(mean_loss, rel=1e-5), "the reported loss is per sample whatever the reduction"
+
+
+@pytest.mark.parametrize("reduction", ["sum", "none"])
+def test_a_functional_loss_with_its_reduction_bound_by_partial_trains_like_mean(reduction: str) -> None:
+    # partial(F.cross_entropy, reduction="sum") has no .reduction attribute; taken for a mean,
+    # its gradient would be weighted by n_b / n on top of the sum
+    _, expected, _ = one_epoch(32, 3, n=100)
+    loss, got, trainer = one_epoch(32, 3, n=100, loss_fn=functools.partial(F.cross_entropy, reduction=reduction))
+    assert_close(got, expected)
+    mean_loss, _, _ = one_epoch(32, 3, n=100)
+    assert loss == pytest.approx(mean_loss, rel=1e-5)
+    assert trainer.evaluate(DataLoader(dataset(100), batch_size=32))[0] == pytest.approx(
+        Trainer(trainer.model, trainer.optimizer, nn.CrossEntropyLoss()).evaluate(
+            DataLoader(dataset(100), batch_size=32))[0], rel=1e-6)
 
 
 def test_reported_loss_is_the_mean_per_sample_not_per_batch() -> None:

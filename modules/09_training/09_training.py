@@ -342,6 +342,7 @@ steps with the learning rate of a schedule, evaluates in eval mode, drives
 callbacks from ``fit``, and saves and restores its complete state in checkpoints
 (:mod:`tinytrain.serialization`) so that a resumed run is bit-identical.
 """
+import functools
 import itertools
 import math
 import sys
@@ -370,10 +371,12 @@ def clip_grad_norm(parameters: Iterable[Tensor], max_norm: float = 1.0, error_if
     A non-finite norm leaves the gradients untouched (the caller must not take
     the step) or, with ``error_if_nonfinite=True``, raises ``FloatingPointError``
     whose message gives the norm (``inf`` or ``nan``).
-    ``parameters`` may also be a single tensor.
+    ``parameters`` may be any iterable, a generator too (it runs only once: scale
+    the gradients in ``grads``), or a single tensor. Add the squares up on each
+    gradient's device and read the sum from it once per device (on a GPU every
+    read waits for the device), not once per gradient.
     """
-    if not (isinstance(max_norm, (int, float)) and max_norm > 0):
-        raise ValueError(f"max_norm must be a number > 0, got {max_norm!r}")
+    max_norm = check_number("max_norm", max_norm, above=0, finite=False)  # inf: measure, never clip
     if isinstance(parameters, Tensor):  # one tensor, not an iterable of its rows
         parameters = [parameters]
     grads = [p.grad for p in parameters if p.grad is not None]
@@ -466,13 +469,16 @@ print("clip_grad_norm OK")
 # there is no `loss.item()` per micro-batch, and evaluation reads its sums once
 # at the end.
 #
-# ### Non-finite values never reach the weights
+# ### Non-finite steps are skipped
 #
 # A single `nan` in the weights is permanent: every later output is `nan`. If a
 # window's loss, or the gradient norm (when clipping), is `inf` or `nan`, the
 # step is skipped and counted in `trainer.skipped_steps` and
 # `history["skipped_steps"]` — or, with `on_nonfinite="raise"`, training stops
-# with a `FloatingPointError` that says where.
+# with a `FloatingPointError` that says where. Without clipping only the loss is
+# checked (the norm costs a pass over every gradient), so a finite loss whose
+# gradient overflows does reach the weights: clip when that can happen. A skipped
+# step's norm is not part of `history["grad_norm"]`, the mean over steps taken.
 #
 # ### Modes
 #
@@ -546,6 +552,16 @@ def _correct(outputs: Tensor, targets: Tensor) -> Tensor | None:
     return (outputs.argmax(axis=1) == labels).sum()
 
 
+def _reduction(loss_fn: Any) -> str:
+    """How ``loss_fn`` reduces over the batch: its ``reduction`` attribute (a loss module's), the
+    ``reduction=`` bound by ``functools.partial`` (a functional loss's), else ``"mean"``."""
+    if hasattr(loss_fn, "reduction"):
+        return loss_fn.reduction
+    if isinstance(loss_fn, functools.partial):
+        return loss_fn.keywords.get("reduction", "mean")
+    return "mean"
+
+
 def _progress_enabled() -> bool:
     """Whether to draw progress bars: stdout is a terminal, or this is a Jupyter kernel."""
     if getattr(sys.stdout, "isatty", lambda: False)():
@@ -614,6 +630,8 @@ class Trainer(Resumable):
     ``precision``: ``"32-true"``, or ``"16-mixed"`` for float16 compute with float32
     master weights and dynamic loss scaling (Module 13, :mod:`tinytrain.amp`).
     ``strategy``: ``tinytrain.distributed.DataParallel()`` for data parallelism over MPI.
+    ``loss_fn`` returns the batch's mean loss, unless its ``reduction`` attribute (or
+    the ``reduction=`` that ``functools.partial`` binds) says ``"sum"`` or ``"none"``.
 
     ``epoch`` counts completed epochs, ``step`` the optimizer steps taken,
     ``skipped_steps`` the steps dropped; ``history`` holds one row per epoch (or,
@@ -659,7 +677,7 @@ class Trainer(Resumable):
     # -- one epoch -------------------------------------------------------------------
     def _reduce(self, loss: Tensor) -> tuple[Tensor, bool]:
         """``(loss, is_mean)``: a scalar loss, and whether it is a mean over the batch's samples."""
-        reduction = getattr(self.loss_fn, "reduction", "mean")
+        reduction = _reduction(self.loss_fn)
         if reduction == "none":
             return loss.sum(), False
         return loss, reduction == "mean"
@@ -835,7 +853,9 @@ class Trainer(Resumable):
         when the outputs are not class scores. Both are Python floats (logs write
         them as JSON), added up on the device and read from it at the end, not per
         batch (on a GPU every read waits for the device). A loader that yields
-        no batches raises ``ValueError`` saying it yielded no batches.
+        no batches raises ``ValueError`` saying it yielded no batches. Each batch's
+        loss goes through ``self._reduce``, as in training: a mean counts its batch
+        size times, a sum (``is_mean`` false) as it is.
         """
         _check_loader("dataloader", dataloader)
         modes = [(module, module.training) for module in self.model.modules()]
@@ -1221,13 +1241,14 @@ def _array_bytes(value: Any) -> int:
     return int(getattr(value, "nbytes", 0))  # NumPy and device arrays; 0 for Python numbers
 
 
-def memory_report(model: Any, optimizer: Any) -> dict[str, float]:
+def memory_report(model: Any, optimizer: Any) -> dict[str, int | float]:
     """Bytes that training holds between steps, measured on the arrays as they are now.
 
     Returns ``parameters``, ``gradients`` (the ``.grad`` arrays that exist),
     ``optimizer_state`` (every array in ``optimizer.state_dict()``), their
-    ``total``, and ``ratio = total / parameters``. Activations, which depend on
-    the batch and are freed by ``backward``, are not included.
+    ``total`` (each an int), and ``ratio = total / parameters`` (a float).
+    Activations, which depend on the batch and are freed by ``backward``, are not
+    included.
     """
     parameters = model.parameters()
     ### BEGIN SOLUTION

@@ -112,8 +112,9 @@ def test_cosine_warm_restarts(student):
 
 @check(points=2, hint="clip_grad_norm: one global L2 norm over every gradient (skip parameters whose grad is "
                       "None), its squares added up in float64 (float32 overflows above 1.8e19); only if it "
-                      "exceeds max_norm (strictly), scale all gradients in place by max_norm / (norm + 1e-6); "
-                      "return the norm before clipping")
+                      "exceeds max_norm (strictly), scale all gradients in place by max_norm / (norm + 1e-6) "
+                      "(those in grads: parameters may be a generator, which runs only once); return the norm "
+                      "before clipping")
 def test_clip_grad_norm(student):
     weights_ = tt.zeros(3, requires_grad=True)
     weights_.grad = tt.tensor([100.0, 200.0, 50.0])
@@ -160,6 +161,14 @@ def test_clip_grad_norm(student):
                  "squares in float64)", rtol=1e-5)
     expect_close(d.grad, np.full(100, 0.1), "100 gradients of 1e20 clipped to max_norm=1", rtol=1e-5)
 
+    # model.parameters() is a list, but any iterable will do: a generator can be iterated only once
+    e, f = tt.zeros(2, requires_grad=True), tt.zeros(1, requires_grad=True)
+    e.grad, f.grad = tt.tensor([3.0, 0.0]), tt.tensor([4.0])
+    expect_close(student.clip_grad_norm((p for p in (e, f)), max_norm=1.0), 5.0,
+                 "clip_grad_norm of a generator of parameters, gradients [3, 0] and [4]")
+    expect_close([*e.grad.numpy(), *f.grad.numpy()], np.array([3.0, 0.0, 4.0]) / (5.0 + 1e-6),
+                 "the gradients [3, 0] and [4] after clip_grad_norm(a generator, max_norm=1)", rtol=1e-6)
+
 
 @check(points=1, hint="a non-finite global norm (inf or nan) must leave every gradient untouched and be returned "
                       "(or, with error_if_nonfinite=True, raise FloatingPointError whose message gives the norm)")
@@ -202,6 +211,13 @@ def one_epoch(student, dataset, batch_size, accumulation_steps, loss_fn=None):
 def test_accumulation_equals_one_big_batch(student):
     full = TensorDataset(X, Y)  # 256 samples
     big_loss, big, big_trainer, _ = one_epoch(student, full, 128, 1)
+    model = toy_model()  # the same two steps written out: fresh gradients for each
+    for start in (0, 128):
+        model.zero_grad()
+        nn.CrossEntropyLoss()(model(tt.tensor(X[start:start + 128])), tt.tensor(Y[start:start + 128])).backward()
+        optim.SGD(model.parameters(), lr=0.5).step()
+    expect_same_weights(big, weights(model), "weights after 2 steps on batches of 128 vs the same steps by hand "
+                                             "(each step on its own batch's gradient: clear them first)")
     loss, small, trainer, _ = one_epoch(student, full, 32, 4)
     expect_equal((trainer.step, big_trainer.step), (2, 2), "optimizer steps of (32 x 4 accumulated, 128 x 1)")
     expect_same_weights(small, big, "weights after batches of 32 with accumulation_steps=4 vs batches of 128")
@@ -213,6 +229,14 @@ def test_accumulation_equals_one_big_batch(student):
     expect_same_weights(small, big, "100 samples, batches of 32 with k=3 vs batches of 96: the short last window "
                                     "(4 samples) must be weighted by its own size, not 1/k")
     expect_close(loss, big_loss, "epoch loss of 32 x 3 accumulated vs 96 x 1", rtol=0, atol=1e-6)
+    # k=2: windows of 32+32 and of 32+4 -- a window of unequal batches, the same steps as batches of 64 and 36
+    big_loss, big, big_trainer, _ = one_epoch(student, TOY, 64, 1)
+    loss, small, trainer, _ = one_epoch(student, TOY, 32, 2)
+    expect_equal((trainer.step, big_trainer.step), (2, 2), "optimizer steps of (32 x 2 accumulated, 64 x 1)")
+    expect_same_weights(small, big, "100 samples, batches of 32 with k=2 vs batches of 64: the window of a batch "
+                                    "of 32 and one of 4 weights each by its share of the window's 36 samples "
+                                    "(32/36 and 4/36), not 1/2")
+    expect_close(loss, big_loss, "epoch loss of 32 x 2 accumulated vs 64 x 1", rtol=0, atol=1e-6)
 
 
 @check(points=1, hint="_accumulate: a loss for which self._batch_loss says is_mean=False (reduction='sum' or "
@@ -358,9 +382,10 @@ def test_evaluate_modes_and_per_sample_means(student):
                  "every module's mode after evaluate of a model in a mixed state")
 
 
-@check(points=1, hint="evaluate: one-sample batches count; outputs that are not (N, C) class scores give accuracy "
-                      "nan (stop counting hits once _correct returns None); a loader without batches raises "
-                      "ValueError saying it yielded no batches",
+@check(points=1, hint="evaluate: one-sample batches count; a loss reduced by sum or not at all counts as it is "
+                      "(self._reduce gives (loss, is_mean): only a mean is multiplied by the batch size); outputs "
+                      "that are not (N, C) class scores give accuracy nan (stop counting hits once _correct returns "
+                      "None); a loader without batches raises ValueError saying it yielded no batches",
        after="test_evaluate_modes_and_per_sample_means")
 def test_evaluate_edge_cases(student):
     model = toy_model()
@@ -373,6 +398,14 @@ def test_evaluate_edge_cases(student):
     expect_close(accuracy, float(outputs.argmax(axis=1)[0] == Y[0]), "evaluate's accuracy over one sample")
     expect_raises(ValueError, lambda: trainer.evaluate([]), "evaluate of a loader that yields no batches",
                   mentions=("no batches",))
+    with tt.no_grad():
+        outputs = model(tt.tensor(X[:100])).numpy()
+    for reduction in ("sum", "none"):
+        trainer = student.Trainer(model, optim.SGD(model.parameters(), lr=0.1), nn.CrossEntropyLoss(reduction=reduction))
+        loss, _ = trainer.evaluate(DataLoader(TOY, batch_size=32))
+        expect_close(loss, np_cross_entropy(outputs, Y[:100]).mean(), f"evaluate's loss with "
+                     f"CrossEntropyLoss(reduction={reduction!r}), batches of 32, 32, 32, 4: the mean per sample",
+                     rtol=1e-5)
 
     tt.manual_seed(0)
     regression = nn.Linear(6, 1)
@@ -387,33 +420,41 @@ def test_evaluate_edge_cases(student):
                                  f"got {accuracy!r}"
 
 
-@check(points=2, hint="_clip_and_step: if the window's loss is not finite, skip the step (self._skip); when "
-                      "clipping, skip it too if clip_grad_norm returns a non-finite norm; otherwise step and count "
-                      "self.step",
+@check(points=2, hint="_clip_and_step: if the window's loss is not finite (inf as well as nan: math.isfinite), "
+                      "skip the step (self._skip) before clipping; when clipping, skip it too if clip_grad_norm "
+                      "returns a non-finite norm, and append only finite norms; otherwise step and count "
+                      "self.step. _accumulate clears the gradients at the start of every window, so a skipped "
+                      "window's gradients never reach the next step",
        after="test_accumulation_equals_one_big_batch")
 def test_nonfinite_loss_skips_the_step(student):
     class NanOnce:
         reduction = "mean"
 
-        def __init__(self):
-            self.calls = 0
+        def __init__(self, bad=float("nan")):
+            self.calls, self.bad = 0, bad
 
         def __call__(self, outputs, targets):
             self.calls += 1
             loss = nn.CrossEntropyLoss()(outputs, targets)
-            return loss * float("nan") if self.calls == 2 else loss
+            return loss * self.bad if self.calls == 2 else loss
 
     def all_finite(model):
         return all(np.isfinite(p.numpy()).all() for p in model.parameters())
 
-    for clip in (None, 1.0):
-        model = toy_model()
-        trainer = student.Trainer(model, optim.SGD(model.parameters(), lr=0.5), NanOnce(), grad_clip_norm=clip)
-        trainer.train_epoch(DataLoader(TOY, batch_size=25))
-        expect_equal((trainer.skipped_steps, trainer.step, trainer.history["skipped_steps"]), (1, 3, [1]),
-                     f"(skipped_steps, step, history['skipped_steps']) after 4 batches, the 2nd with a nan loss, "
-                     f"grad_clip_norm={clip}")
-        assert all_finite(model), f"grad_clip_norm={clip}: nan reached the weights (expected them finite)"
+    for bad in (float("nan"), float("inf")):
+        for clip in (None, 1.0):
+            model = toy_model()
+            trainer = student.Trainer(model, optim.SGD(model.parameters(), lr=0.5), NanOnce(bad), grad_clip_norm=clip)
+            with np.errstate(all="ignore"):
+                trainer.train_epoch(DataLoader(TOY, batch_size=25))
+            what = f"4 batches, the 2nd with a loss of {bad}, grad_clip_norm={clip}"
+            expect_equal((trainer.skipped_steps, trainer.step, trainer.history["skipped_steps"]), (1, 3, [1]),
+                         f"(skipped_steps, step, history['skipped_steps']) after {what}")
+            assert all_finite(model), f"{what}: {bad} reached the weights (expected them finite)"
+            if clip is not None:
+                norm = trainer.history["grad_norm"][0]
+                assert math.isfinite(norm), f"{what}: history['grad_norm'] is the mean of the steps taken, expected " \
+                                            f"a finite number, got {norm} (a skipped step's norm was counted)"
     model = toy_model()
     strict = student.Trainer(model, optim.SGD(model.parameters(), lr=0.5), NanOnce(), on_nonfinite="raise")
     expect_raises(FloatingPointError, lambda: strict.train_epoch(DataLoader(TOY, batch_size=25)),
@@ -434,6 +475,9 @@ def test_nonfinite_loss_skips_the_step(student):
     expect_equal((trainer.skipped_steps, trainer.step), (1, 3),
                  "(skipped_steps, step) when the 2nd of 4 windows has a finite loss but a nan gradient norm")
     assert all_finite(model), "a nan gradient reached the weights (expected them finite)"
+    norm = trainer.history["grad_norm"][0]
+    assert math.isfinite(norm), f"history['grad_norm'] after a step skipped for its nan gradient norm: expected the " \
+                                f"mean of the 3 steps taken, a finite number, got {norm} (append only finite norms)"
 
 
 @check(points=1, hint="with grad_clip_norm, clip the accumulated gradient once per step with clip_grad_norm, and "
@@ -496,7 +540,11 @@ def test_training_runs_on_another_device(student):
             evaluation = trainer.evaluate(loader)
             for p in model.parameters():
                 p.grad = p * 3.0
+            before = host_reads()
             norm = student.clip_grad_norm(model.parameters(), 0.1)
+            if device == "strict":
+                expect_equal(host_reads() - before, 1, "host reads in clip_grad_norm of 4 gradients on one device "
+                                                       "(add the squares up on the device, read the sum once)")
         except TypeError as error:
             raise AssertionError(f"training on the {device!r} device: expected no error, got TypeError: {error}") \
                 from None
