@@ -80,10 +80,12 @@ class DrawCounter:
     def load_state(self, state: Any) -> None:
         """Restore what :meth:`state` returned.
 
-        A state is ``{"generator": GENERATOR, "seed": int, "draws": int}`` with a
-        seed and a draw count >= 0. Anything else raises ``ValueError`` naming both
-        what was expected (the generator's name) and the state given, shown with
-        ``repr`` (``f"... got {state!r}"``); a refused state changes nothing.
+        A state is ``{"generator": GENERATOR, "seed": int, "draws": int}`` whose
+        seed and draw count are Python ints >= 0 (a bool or a float is refused; a
+        seed of 2**64 or more is kept modulo 2**64, as ``__init__`` does). Anything
+        else raises ``ValueError`` naming both what was expected (the generator's
+        name) and the state given, shown with ``repr`` (``f"... got {state!r}"``).
+        Check everything before setting anything: a refused state changes nothing.
         """
         valid = (
             isinstance(state, dict)
@@ -93,7 +95,7 @@ class DrawCounter:
         if not valid:
             raise ValueError(
                 f"not the random state of a CUDA device: expected {{'generator': {GENERATOR!r}, 'seed': int, "
-                f"'draws': int}}, got {str(state)[:200]}"
+                f"'draws': int}}, got {state!r}"
             )
         self.seed, self.draws = state["seed"] & _MASK64, state["draws"]
 
@@ -106,8 +108,9 @@ def scatter_add(cupyx: Any, target: Any, index: Any, values: Any) -> None:
 
     ``cupyx`` is the ``cupyx`` module (or a stand-in). int64 targets are added as
     uint64 views (same bits): the target as ``target.view(np.uint64)``, and the
-    values too -- an array as ``values.astype(np.int64).view(np.uint64)``, a Python
-    number as ``np.uint64(int(values) & (2**64 - 1))``. Other dtypes that CuPy's
+    values too -- an array as ``values.astype(np.int64).view(np.uint64)`` (int32
+    values too), a Python or NumPy number as ``np.uint64(int(values) & (2**64 - 1))``.
+    The supported dtypes go to ``cupyx.scatter_add`` as they are. Other dtypes that CuPy's
     atomic add does not support raise ``TypeError`` naming the dtype and the
     supported ones, before anything reaches ``cupyx``.
     """
@@ -256,14 +259,17 @@ class CupyBackend(Backend):
         return self._cupy.asarray(data, dtype=dtype)
 
     def from_host(self, array: np.ndarray) -> Any:
-        """A copy of the NumPy ``array`` on this GPU."""
+        """A copy of the NumPy ``array`` on this GPU, with its dtype: make this GPU current
+        (:meth:`make_current`, which leaves it current, as every array-making method here
+        does) and copy with ``self._cupy.asarray``."""
         self.make_current()
         return self._cupy.asarray(array)
 
     def to_host(self, array: Any) -> np.ndarray:
         """A NumPy copy of ``array`` in its own memory order (``order="A"``), which must live
         on this GPU; otherwise ``TypeError`` naming this backend's device (``'cuda:1'``) and
-        where the array lives (its ``device``, or its type when it has none)."""
+        where the array lives (its ``device``, or its type when it has none). Copy with
+        ``self._cupy.asnumpy(array, order="A")`` (the fake CuPy has no ``ndarray.get``)."""
         if not self.is_array(array):
             where = getattr(array, "device", type(array).__name__)
             raise TypeError(f"to_host of {self.device!r} takes an array of that GPU, got one of {where!r}")

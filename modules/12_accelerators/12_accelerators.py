@@ -157,7 +157,7 @@ else:
 # in the driver before the GPU starts (Gray, "Getting Started with CUDA Graphs",
 # NVIDIA Technical Blog, 2019), and CuPy adds its own Python-side work on top
 # (choosing and caching the kernel, allocating the output). A training step of
-# our MLP launches well over fifty kernels: every `+`, `@`, `relu`, `sum` and
+# our MLP launches dozens of kernels: every `+`, `@`, `relu`, `sum` and
 # every optimizer update is one or more. So a step has a floor of roughly
 # *kernels × launch cost* — a fraction of a millisecond — however small the
 # model is.
@@ -265,7 +265,7 @@ for m, k, n in [(8, 64, 32), (128, 784, 256), (4096, 4096, 4096)]:
 # still launch bound on an H100 (its arithmetic would take under a microsecond),
 # yet the CPU needs tens to hundreds of microseconds for it, so the GPU starts
 # to pay off — by a factor that shrinks as Python and launch overheads pile up
-# over the ~50 operations of a step. Only the large product is **compute bound**
+# over the dozens of operations of a step. Only the large product is **compute bound**
 # on the GPU, and there the GPU is thousands of times faster. Large batches and
 # wide layers raise arithmetic intensity and amortise launches; that is why GPUs
 # shine on big models and why `benchmarks/gpu.py` (section 12) measures both.
@@ -405,10 +405,12 @@ class DrawCounter:
     def load_state(self, state: Any) -> None:
         """Restore what :meth:`state` returned.
 
-        A state is ``{"generator": GENERATOR, "seed": int, "draws": int}`` with a
-        seed and a draw count >= 0. Anything else raises ``ValueError`` naming both
-        what was expected (the generator's name) and the state given, shown with
-        ``repr`` (``f"... got {state!r}"``); a refused state changes nothing.
+        A state is ``{"generator": GENERATOR, "seed": int, "draws": int}`` whose
+        seed and draw count are Python ints >= 0 (a bool or a float is refused; a
+        seed of 2**64 or more is kept modulo 2**64, as ``__init__`` does). Anything
+        else raises ``ValueError`` naming both what was expected (the generator's
+        name) and the state given, shown with ``repr`` (``f"... got {state!r}"``).
+        Check everything before setting anything: a refused state changes nothing.
         """
         ### BEGIN SOLUTION
         valid = (
@@ -419,7 +421,7 @@ class DrawCounter:
         if not valid:
             raise ValueError(
                 f"not the random state of a CUDA device: expected {{'generator': {GENERATOR!r}, 'seed': int, "
-                f"'draws': int}}, got {str(state)[:200]}"
+                f"'draws': int}}, got {state!r}"
             )
         self.seed, self.draws = state["seed"] & _MASK64, state["draws"]
         ### END SOLUTION
@@ -460,8 +462,9 @@ print("DrawCounter OK")
 #
 # Write `scatter_add(cupyx, target, index, values)`: route int64 through uint64
 # views, pass the supported dtypes straight to `cupyx.scatter_add`, and raise a
-# `TypeError` naming the dtype for anything else (booleans, int8, ...). `values`
-# may be an array of the target's device or a Python number. The fake's
+# `TypeError` naming the dtype and the supported ones for anything else
+# (booleans, int8, ...). `values` may be an array of the target's device or a
+# Python or NumPy number. The fake's
 # `cupyx.scatter_add` refuses what CuPy's refuses, so the check tells you if a
 # dtype slipped through unconverted.
 
@@ -474,8 +477,9 @@ def scatter_add(cupyx: Any, target: Any, index: Any, values: Any) -> None:
 
     ``cupyx`` is the ``cupyx`` module (or a stand-in). int64 targets are added as
     uint64 views (same bits): the target as ``target.view(np.uint64)``, and the
-    values too -- an array as ``values.astype(np.int64).view(np.uint64)``, a Python
-    number as ``np.uint64(int(values) & (2**64 - 1))``. Other dtypes that CuPy's
+    values too -- an array as ``values.astype(np.int64).view(np.uint64)`` (int32
+    values too), a Python or NumPy number as ``np.uint64(int(values) & (2**64 - 1))``.
+    The supported dtypes go to ``cupyx.scatter_add`` as they are. Other dtypes that CuPy's
     atomic add does not support raise ``TypeError`` naming the dtype and the
     supported ones, before anything reaches ``cupyx``.
     """
@@ -694,7 +698,9 @@ class CupyBackend(Backend):
         return self._cupy.asarray(data, dtype=dtype)
 
     def from_host(self, array: np.ndarray) -> Any:
-        """A copy of the NumPy ``array`` on this GPU."""
+        """A copy of the NumPy ``array`` on this GPU, with its dtype: make this GPU current
+        (:meth:`make_current`, which leaves it current, as every array-making method here
+        does) and copy with ``self._cupy.asarray``."""
         ### BEGIN SOLUTION
         self.make_current()
         return self._cupy.asarray(array)
@@ -703,7 +709,8 @@ class CupyBackend(Backend):
     def to_host(self, array: Any) -> np.ndarray:
         """A NumPy copy of ``array`` in its own memory order (``order="A"``), which must live
         on this GPU; otherwise ``TypeError`` naming this backend's device (``'cuda:1'``) and
-        where the array lives (its ``device``, or its type when it has none)."""
+        where the array lives (its ``device``, or its type when it has none). Copy with
+        ``self._cupy.asnumpy(array, order="A")`` (the fake CuPy has no ``ndarray.get``)."""
         ### BEGIN SOLUTION
         if not self.is_array(array):
             where = getattr(array, "device", type(array).__name__)

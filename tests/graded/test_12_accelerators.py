@@ -30,6 +30,9 @@ def test_cost_model(student):
                  "roofline_seconds(6 FLOPs, 1 byte, peak 2 FLOP/s, 1 byte/s): compute-bound")
     expect_close(student.roofline_seconds(1.0, 8.0, peak_flops=2.0, bandwidth=2.0, launch_seconds=0.25), 4.25,
                  "roofline_seconds(1 FLOP, 8 bytes, peak 2, 2 bytes/s, launch 0.25 s): memory-bound plus launch")
+    expect_close(student.roofline_seconds(3.0, 1.0, peak_flops=2.0, bandwidth=1.0, launch_seconds=0.5), 2.0,
+                 "roofline_seconds(3 FLOPs, 1 byte, peak 2 FLOP/s, 1 byte/s, launch 0.5 s): compute-bound (1.5 s) "
+                 "plus launch")
 
 
 @check(points=2, hint="next_seed returns draw_seed(seed, draws) and then counts the draw; state() is "
@@ -47,18 +50,26 @@ def test_draw_counter_round_trip(student):
 
 
 @check(points=1, hint="load_state raises ValueError for anything that is not a dict with this GENERATOR and "
-                      "non-negative integer 'seed' and 'draws' (e.g. NumPy's PCG64 state); its message names the "
-                      "generator expected and shows the state given")
+                      "'seed' and 'draws' that are Python ints >= 0 (not bool, not float; e.g. NumPy's PCG64 state "
+                      "is refused); check everything before setting anything; its message names the generator "
+                      "expected and shows the state given")
 def test_draw_counter_refuses_foreign_states(student):
     stream = student.DrawCounter(seed=1)
+    stream.next_seed()
+    good = stream.state()
     for bad, shown in (({"bit_generator": "PCG64", "state": {}}, "PCG64"),
-                       ({"generator": student.GENERATOR, "seed": 1}, "'seed': 1"),
-                       ({"generator": "other", "seed": 1, "draws": 0}, "other"),
-                       ({"generator": student.GENERATOR, "seed": "1", "draws": 0}, "'1'"),
-                       ({"generator": student.GENERATOR, "seed": 1, "draws": -3}, "-3")):
+                       ({"generator": student.GENERATOR, "seed": 5}, "'seed': 5"),
+                       ({"generator": "other", "seed": 5, "draws": 0}, "other"),
+                       ({"generator": student.GENERATOR, "seed": "5", "draws": 0}, "'5'"),
+                       ({"generator": student.GENERATOR, "seed": 5, "draws": -3}, "-3"),
+                       ({"generator": student.GENERATOR, "seed": -5, "draws": 0}, "-5"),
+                       ({"generator": student.GENERATOR, "seed": 5, "draws": 2.5}, "2.5"),
+                       ({"generator": student.GENERATOR, "seed": 5.0, "draws": 0}, "5.0"),
+                       ({"generator": student.GENERATOR, "seed": 5, "draws": True}, "True"),
+                       (None, "None"), ([student.GENERATOR, 5, 0], "[")):
         expect_raises(ValueError, lambda: stream.load_state(bad), f"load_state({bad!r})",
                       mentions=(student.GENERATOR, shown))
-    expect_equal(stream.state()["seed"], 1, "the seed after refused states (a refused state changes nothing)")
+        expect_equal(stream.state(), good, f"the state after load_state({bad!r}) was refused (it changes nothing)")
 
 
 class RecordingCupyx:
@@ -102,6 +113,20 @@ def test_scatter_add_routing(student):
         expect_equal(cupyx.calls, [("uint64", "uint64")],
                      f"(target dtype, values dtype) that reached cupyx.scatter_add for an int64 target and the "
                      f"number {number!r}")
+    values = fake.asarray(np.array([1, 2, 3], np.int32))  # int32 values into an int64 target: astype first
+    before = fake.asnumpy(ints).tolist()
+    student.scatter_add(cupyx, ints, fake.asarray(np.array([0, 0, 1])), values)
+    expect_equal(fake.asnumpy(ints).tolist(), [before[0] + 3, before[1] + 3],
+                 f"int64 {before} after scatter_add at [0, 0, 1] of int32 values [1, 2, 3]")
+    for dtype in ("float16", "float32", "float64", "int32", "uint32", "uint64"):
+        cupyx.calls.clear()
+        target = fake.zeros(3, dtype=dtype)
+        student.scatter_add(cupyx, target, fake.asarray(np.array([2, 2, 0])), fake.asarray(np.array([1, 2, 5], dtype)))
+        expect_equal(fake.asnumpy(target).tolist(), [5, 0, 3],
+                     f"{dtype} [0, 0, 0] after scatter_add at [2, 2, 0] of [1, 2, 5]")
+        expect_equal(cupyx.calls, [(dtype, dtype)],
+                     f"(target dtype, values dtype) that reached cupyx.scatter_add for a {dtype} target (supported: "
+                     "passed straight through)")
     for dtype in ("bool", "int16", "int8"):
         cupyx.calls.clear()
         expect_raises(TypeError, lambda: student.scatter_add(cupyx, fake.zeros(2, dtype=dtype),
@@ -119,6 +144,11 @@ def test_copies_land_on_the_backends_gpu(student):
     data = np.arange(6.0).reshape(3, 2)
     on_gpu = gpu1.from_host(data)
     expect_equal(on_gpu.device.id, 1, "the GPU from_host of cuda:1 copies to while GPU 0 is current")
+    expect_equal(fake.cuda.runtime.getDevice(), 1, "the current GPU after from_host of cuda:1 (make_current leaves "
+                                                   "the backend's GPU current)")
+    for host_array in (np.array([3, 1, 2]), np.array([0.1, 0.2]), np.array([1, 2], np.uint8)):
+        expect_equal(str(gpu1.from_host(host_array).dtype), str(host_array.dtype),
+                     f"the dtype of from_host of a {host_array.dtype} array (a copy keeps its dtype)")
     data[0, 0] = 50.0
     back = gpu1.to_host(on_gpu)
     expect_equal(type(back).__name__, "ndarray", "the type to_host returns")
