@@ -90,7 +90,8 @@ print("with a relu between:    ", np.allclose(((x @ w1).relu() @ w2).numpy(), (x
 ``tinytrain.nn.functional`` re-exports them; the layer classes (``nn.ReLU``, ...)
 in :mod:`tinytrain.nn.layers` call them. Most are thin wrappers around tensor
 methods whose operations live in :mod:`tinytrain.ops`; GELU has its own
-:class:`~tinytrain.autograd.Function` here.
+:class:`~tinytrain.autograd.Function` here. Every function computes on its
+input's device and returns a new tensor: the input stays unchanged.
 """
 import math
 from typing import Any
@@ -110,7 +111,8 @@ def relu(x: Tensor) -> Tensor:
 
 
 def sigmoid(x: Tensor) -> Tensor:
-    """Logistic sigmoid, elementwise: ``1 / (1 + exp(-x))``, in (0, 1).
+    """Logistic sigmoid, elementwise: ``1 / (1 + exp(-x))``, in (0, 1) (in float32, far
+    from 0 it rounds to exactly 0.0 or 1.0).
 
     Computed without overflow for any finite ``x``; derivative ``s * (1 - s)``.
     """
@@ -122,7 +124,8 @@ def sigmoid(x: Tensor) -> Tensor:
 def tanh(x: Tensor) -> Tensor:
     """Hyperbolic tangent, elementwise: ``(e^x - e^-x) / (e^x + e^-x)``, in (-1, 1).
 
-    Derivative ``1 - tanh(x)**2``.
+    Exactly +-1 for large ``|x|``, never nan (that formula as written gives
+    inf / inf = nan in float32 beyond ``|x|`` of about 44). Derivative ``1 - tanh(x)**2``.
     """
     ### BEGIN SOLUTION
     return x.tanh()
@@ -280,7 +283,7 @@ print(f"max |exact - tanh approximation| = {abs(exact - approx)[worst]:.2e} at x
 # `(grad * slope,)`, and `gelu` is `GELUTanh.apply(x)`, one node in the graph.
 # The cells marked for export become `tinytrain/nn/activations.py`, which
 # imports only `math`, `Function` and `Tensor`: compute with `self.xp`, not the
-# notebook's `np`.
+# notebook's `np` or `tt` (neither exists there).
 
 # %% export="nn/activations"
 SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
@@ -292,9 +295,12 @@ class GELUTanh(Function):
     """GELU, tanh approximation: ``0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 x^3)))``.
 
     Backward: ``grad`` times ``0.5 * (1 + t) + 0.5 * x * (1 - t^2) * sqrt(2/pi) * (1 + 3 * 0.044715 x^2)``
-    with ``t`` the tanh above. Saves only ``x`` and recomputes ``t`` in backward.
-    ``x`` is clipped to [-10, 10] inside the cubic, where tanh is already exactly
-    +-1, so huge inputs neither overflow nor change the result.
+    with ``t`` the tanh above, in ``grad``'s dtype (the constants are Python floats: a
+    NumPy float64 scalar would make a float32 gradient float64). Saves only the input
+    array itself (``self.x = x``, no copy: the graph holds it anyway) and recomputes
+    ``t`` in backward. ``x`` is clipped to [-10, 10] inside the cubic, where tanh is
+    already exactly +-1, so huge inputs neither overflow (no NumPy warning) nor
+    change the result.
     """
 
     def _tanh_and_clipped(self, x: Any) -> tuple:
@@ -415,8 +421,9 @@ def softmax(x: Tensor, axis: int = -1) -> Tensor:
     """Softmax along ``axis``: ``exp(x_i) / sum_j exp(x_j)``.
 
     Positive values that sum to 1 along ``axis``. Computed as
-    ``softmax(x - max(x))``, which is equal and never overflows. The result is
-    part of the graph: its gradient flows back to ``x``.
+    ``softmax(x - max(x))``, which is equal and never overflows, with tensor
+    operations on ``x``'s device (no ``x.numpy()``). The result is part of the
+    graph: its gradient flows back to ``x``.
     """
     ### BEGIN SOLUTION
     return x.softmax(axis)
@@ -503,9 +510,10 @@ for name, f in [("relu", relu), ("sigmoid", sigmoid), ("tanh", tanh), ("gelu", g
 # %% [markdown]
 # Read the time column as memory traffic. At 1M elements a simple step costs
 # about as much as allocating and filling its 4 MiB result, so relu, tanh and
-# the softmaxes — a few array passes each — land close together. Sigmoid and
-# GELU take two to five times longer because each is many NumPy steps, every one a
-# new temporary: sigmoid's branch-free stable form (`abs`, `exp`, `where`,
+# the softmaxes — a few array passes each — land within a few times of each other.
+# Sigmoid and GELU take several times longer (on the machine this was written on,
+# 2.5–5x the softmaxes and 10x or more relu's time) because each is many NumPy
+# steps, every one a new temporary: sigmoid's branch-free stable form (`abs`, `exp`, `where`,
 # divide), GELU's clip, cubic and tanh, twice (forward and recomputed in
 # backward). All of them are still small next to the matrix products between
 # activations. Saving $t$ too would shorten GELU's backward and add 4 bytes per

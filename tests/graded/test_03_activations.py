@@ -40,13 +40,36 @@ def _expect_gradient(f, name):
         expect_gradcheck(lambda t: f(t, axis=axis), [x], f"gradcheck of {name}(x, axis={axis})")
 
 
+def _expect_unchanged_after(f, name):
+    values = [[0.5, -1.0, 2.0], [3.0, 0.0, -0.5]]
+    x = tt.tensor(values, requires_grad=True)
+    f(x, axis=0).sum().backward()
+    _expect_unchanged(x, values, f"{name}(x, axis=0) and its backward")
+
+
 def _backward(f, values, upstream, dtype="float64", **kwargs):
-    """(f(x) as NumPy, x.grad as NumPy) for x = values, backpropagating ``upstream``."""
+    """(f(x) as NumPy, x.grad as NumPy) for x = values, backpropagating ``upstream``; x must stay unchanged."""
     x = tt.tensor(values, dtype=dtype, requires_grad=True)
     y = f(x, **kwargs)
     y.backward(tt.tensor(upstream, dtype=dtype))
-    assert x.grad is not None, f"{getattr(f, '__name__', f)}(x).backward(): expected a gradient in x.grad, got None"
+    name = getattr(f, "__name__", f)
+    assert x.grad is not None, f"{name}(x).backward(): expected a gradient in x.grad, got None"
+    _expect_unchanged(x, values, f"{name}(x)")
     return y.numpy(), x.grad.numpy()
+
+
+def _expect_unchanged(x, values, what):
+    expect_close(x.numpy(), np.array(values, dtype=x.dtype), f"x after {what} with x = {values} (a function never "
+                 "changes its input)", rtol=0, atol=0)
+
+
+def _on_strict(f, values, **kwargs):
+    """``f`` of ``values`` on the strict device (no NumPy arrays mixed in, no host reads), as a NumPy array."""
+    try:
+        return f(tt.tensor(values, device="strict"), **kwargs).numpy()
+    except TypeError as error:
+        raise AssertionError(f"{getattr(f, '__name__', f)}(x) of an x on the 'strict' device: expected it computed on "
+                             f"x's device with tensor operations, got TypeError: {error}") from None
 
 
 @check(points=1, hint="relu(x) is max(x, 0) elementwise; x.relu() does it")
@@ -66,10 +89,12 @@ def test_sigmoid(student):
                  rtol=1e-4, atol=1e-7)
 
 
-@check(points=1, hint="tanh(x) is x.tanh(); its values lie in (-1, 1)")
+@check(points=1, hint="tanh(x) is x.tanh(); its values lie in [-1, 1], exactly +-1 (never nan) for large |x|")
 def test_tanh(student):
+    values = X + [-1000.0, 1000.0]
+    y, grad = _backward(student.tanh, values, UPSTREAM + [1.0, 1.0], dtype="float32")
+    expect_close(y, np.tanh(values), f"tanh({values})", rtol=1e-5, dtype="float32")
     y, grad = _backward(student.tanh, X, UPSTREAM, dtype="float32")
-    expect_close(y, np.tanh(X), f"tanh({X})", rtol=1e-5, dtype="float32")
     expect_close(grad, np.array(UPSTREAM) * (1 - np.tanh(X) ** 2), f"gradient of tanh at {X}", rtol=1e-4, atol=1e-7)
 
 
@@ -81,6 +106,14 @@ def test_gelu_forward(student):
     expected[-2:] = [20.0, 1e6]  # tanh is exactly 1 there: gelu(x) = x
     expected[0] = 0.0
     expect_close(y, expected, f"gelu({x}) in float64", rtol=1e-6, atol=1e-12, dtype="float64")
+    huge = [-1e30, -50.0, 50.0, 1e30]
+    with np.errstate(over="raise", invalid="raise"):
+        try:
+            y = student.gelu(tt.tensor(huge)).numpy()
+        except FloatingPointError as error:
+            raise AssertionError(f"gelu({huge}) in float32: expected no overflow (clip x inside the cubic), got "
+                                 f"FloatingPointError: {error}") from None
+    expect_close(y, [0.0, 0.0, 50.0, 1e30], f"gelu({huge}) in float32", dtype="float32")
     small = [-1.0, 0.5, 2.0]
     expect_close(student.gelu(tt.tensor(small)), _gelu(small), f"gelu({small}) in float32", rtol=1e-5,
                  dtype="float32")
@@ -94,16 +127,28 @@ def test_gelu_backward(student):
     expect_close(grad, np.array(UPSTREAM) * _gelu_slope(values), f"gradient of gelu at {values} for upstream "
                  f"{UPSTREAM}", rtol=1e-9, atol=1e-12)
     huge = [-1e30, -50.0, 50.0, 1e30]
-    _, grad = _backward(student.gelu, huge, [1.0, 1.0, 1.0, 1.0], dtype="float32")
+    with np.errstate(over="raise", invalid="raise"):
+        try:
+            _, grad = _backward(student.gelu, huge, [1.0, 1.0, 1.0, 1.0], dtype="float32")
+        except FloatingPointError as error:
+            raise AssertionError(f"gradient of gelu at {huge} in float32: expected no overflow (clip x inside the "
+                                 f"cubic, and in the slope), got FloatingPointError: {error}") from None
     expect_close(grad, [0.0, 0.0, 1.0, 1.0], f"gradient of gelu at {huge} (no overflow: clip x inside the cubic)")
+    node = student.gelu(tt.tensor([0.5, -1.0], requires_grad=True))._ctx
+    got = node.backward(np.array([1.0, 2.0], np.float32))
+    expect_close(got[0], np.array([1.0, 2.0]) * _gelu_slope([0.5, -1.0]),
+                 "GELUTanh.backward(float32 grad [1, 2]) at float32 x = [0.5, -1] (a gradient has grad's dtype)",
+                 rtol=1e-5, dtype="float32")
     x = tt.tensor([[-2.5, -0.7], [0.1, 3.0]], dtype="float64", requires_grad=True)
     expect_gradcheck(student.gelu, [x], "gradcheck of gelu")
     node = student.gelu(x)._ctx
     assert isinstance(node, student.GELUTanh), f"gelu(x): expected one GELUTanh node in the graph " \
                                                f"(GELUTanh.apply(x)), got {type(node).__name__}"
     saved = [name for name, value in vars(node).items() if isinstance(value, np.ndarray)]
-    assert saved == ["x"] or (len(saved) == 1 and vars(node)[saved[0]] is x.data), \
-        f"GELUTanh saves only x for backward (it recomputes t): expected one saved array, got {saved}"
+    assert len(saved) == 1 and vars(node)[saved[0]] is x.data, \
+        f"GELUTanh saves only x for backward, the input array itself (it recomputes t; a copy or a clipped x " \
+        f"costs memory): expected one saved array that is the input's, got {saved}" + \
+        (f" (not the input's array)" if len(saved) == 1 else "")
 
 
 @check(points=1, hint="gelu(x, approximate=...) supports only 'tanh'; anything else raises ValueError")
@@ -127,6 +172,10 @@ def test_softmax(student):
     expect_close(student.softmax(tt.tensor(z), axis=0), e / e.sum(axis=0, keepdims=True),
                  "softmax([[2, 1], [0, -1], [-500, 3]], axis=0)", rtol=1e-5, atol=1e-7)
     _expect_gradient(student.softmax, "softmax")
+    _expect_unchanged_after(student.softmax, "softmax")
+    expect_close(_on_strict(student.softmax, [[1.0, 2.0, 3.0], [1000.0, 1000.0, 1000.0]]),
+                 np.array([[0.09003057, 0.24472847, 0.66524096], [1 / 3, 1 / 3, 1 / 3]]),
+                 "softmax([[1, 2, 3], [1000, 1000, 1000]]) on the 'strict' device", rtol=1e-5)
 
 
 @check(points=2, hint="log_softmax along axis = (x - m) - log(sum(exp(x - m))) with m = max(x) along that axis; "
@@ -142,3 +191,7 @@ def test_log_softmax(student):
     expect_close(student.log_softmax(tt.tensor([0.0, -200.0])), [0.0, -200.0], "log_softmax([0, -200]) in float32",
                  rtol=1e-6, dtype="float32")
     _expect_gradient(student.log_softmax, "log_softmax")
+    _expect_unchanged_after(student.log_softmax, "log_softmax")
+    expect_close(_on_strict(student.log_softmax, [[1.0, 2.0, 3.0], [-1000.0, 0.0, 1000.0]]),
+                 _log_softmax(np.array([[1.0, 2.0, 3.0], [-1000.0, 0.0, 1000.0]]), -1),
+                 "log_softmax([[1, 2, 3], [-1000, 0, 1000]]) on the 'strict' device", rtol=1e-5)

@@ -5,7 +5,8 @@
 ``tinytrain.nn.functional`` re-exports them; the layer classes (``nn.ReLU``, ...)
 in :mod:`tinytrain.nn.layers` call them. Most are thin wrappers around tensor
 methods whose operations live in :mod:`tinytrain.ops`; GELU has its own
-:class:`~tinytrain.autograd.Function` here.
+:class:`~tinytrain.autograd.Function` here. Every function computes on its
+input's device and returns a new tensor: the input stays unchanged.
 """
 import math
 from typing import Any
@@ -23,7 +24,8 @@ def relu(x: Tensor) -> Tensor:
 
 
 def sigmoid(x: Tensor) -> Tensor:
-    """Logistic sigmoid, elementwise: ``1 / (1 + exp(-x))``, in (0, 1).
+    """Logistic sigmoid, elementwise: ``1 / (1 + exp(-x))``, in (0, 1) (in float32, far
+    from 0 it rounds to exactly 0.0 or 1.0).
 
     Computed without overflow for any finite ``x``; derivative ``s * (1 - s)``.
     """
@@ -33,7 +35,8 @@ def sigmoid(x: Tensor) -> Tensor:
 def tanh(x: Tensor) -> Tensor:
     """Hyperbolic tangent, elementwise: ``(e^x - e^-x) / (e^x + e^-x)``, in (-1, 1).
 
-    Derivative ``1 - tanh(x)**2``.
+    Exactly +-1 for large ``|x|``, never nan (that formula as written gives
+    inf / inf = nan in float32 beyond ``|x|`` of about 44). Derivative ``1 - tanh(x)**2``.
     """
     return x.tanh()
 
@@ -47,9 +50,12 @@ class GELUTanh(Function):
     """GELU, tanh approximation: ``0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 x^3)))``.
 
     Backward: ``grad`` times ``0.5 * (1 + t) + 0.5 * x * (1 - t^2) * sqrt(2/pi) * (1 + 3 * 0.044715 x^2)``
-    with ``t`` the tanh above. Saves only ``x`` and recomputes ``t`` in backward.
-    ``x`` is clipped to [-10, 10] inside the cubic, where tanh is already exactly
-    +-1, so huge inputs neither overflow nor change the result.
+    with ``t`` the tanh above, in ``grad``'s dtype (the constants are Python floats: a
+    NumPy float64 scalar would make a float32 gradient float64). Saves only the input
+    array itself (``self.x = x``, no copy: the graph holds it anyway) and recomputes
+    ``t`` in backward. ``x`` is clipped to [-10, 10] inside the cubic, where tanh is
+    already exactly +-1, so huge inputs neither overflow (no NumPy warning) nor
+    change the result.
     """
 
     def _tanh_and_clipped(self, x: Any) -> tuple:
@@ -91,8 +97,9 @@ def softmax(x: Tensor, axis: int = -1) -> Tensor:
     """Softmax along ``axis``: ``exp(x_i) / sum_j exp(x_j)``.
 
     Positive values that sum to 1 along ``axis``. Computed as
-    ``softmax(x - max(x))``, which is equal and never overflows. The result is
-    part of the graph: its gradient flows back to ``x``.
+    ``softmax(x - max(x))``, which is equal and never overflows, with tensor
+    operations on ``x``'s device (no ``x.numpy()``). The result is part of the
+    graph: its gradient flows back to ``x``.
     """
     return x.softmax(axis)
 
