@@ -355,6 +355,22 @@ def test_to_dtype_casts_floating_tensors_only(device) -> None:
     assert net(x).dtype == np.float64
 
 
+@pytest.mark.parametrize("dtype", ["int32", np.int64, "bool", "complex64", np.complex128, "uint8"])
+def test_to_refuses_a_dtype_that_is_not_floating_point(dtype) -> None:
+    """PyTorch: "nn.Module.to only accepts floating point or complex dtypes"; ours only floating point."""
+    net = make_net()
+    before = net.state_dict()
+    with pytest.raises(TypeError, match=f"floating-point.*got dtype={np.dtype(dtype)}"):
+        net.to(dtype=dtype)
+    with pytest.raises(TypeError, match=f"got dtype={np.dtype(dtype)}"):
+        net.to("strict", dtype=dtype)
+    for name, tensor in net.state_dict().items():  # nothing moved or changed
+        assert tensor.device == "cpu" and tensor.dtype == before[name].dtype
+        np.testing.assert_array_equal(tensor.numpy(), before[name].numpy())
+    with pytest.raises(TypeError):
+        net.to(dtype="no such dtype")
+
+
 def test_module_on_wrong_device_fails_loudly(device, other_device) -> None:
     net = make_net().to(device)
     with pytest.raises((RuntimeError, TypeError)):

@@ -309,9 +309,13 @@ class Module:
 
         The tensor objects stay the same, so an optimizer built on ``parameters()``
         before the move keeps working. ``dtype`` applies to floating-point tensors only;
-        without it no dtype changes. An unknown ``dtype`` raises ``TypeError`` before
-        anything moves.
+        without it no dtype changes. An unknown ``dtype``, or one that is not floating
+        point (``"int32"``, ``"bool"``, complex: PyTorch takes complex ones, tinytrain has
+        none), raises ``TypeError`` naming it before anything moves (the given first lines).
         """
+        if dtype is not None and np.dtype(dtype).kind != "f":
+            raise TypeError(f"{type(self).__name__}.to: dtype must be a floating-point dtype (float16, float32 or "
+                            f"float64), got dtype={np.dtype(dtype)}; a module's parameters stay floating point")
         ### BEGIN SOLUTION
         target = None if device is None else get_backend(device)
         dtype = None if dtype is None else np.dtype(dtype)
