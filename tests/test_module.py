@@ -149,6 +149,28 @@ def test_register_buffer() -> None:
         m.register_buffer("bad", Parameter([1.0]))
 
 
+def test_register_buffer_refuses_names_that_are_taken_or_invalid() -> None:
+    """As PyTorch: a name that is already an attribute (a parameter, a sub-module, a method, a plain
+    attribute) and not a buffer raises KeyError and changes nothing; so do "" and dotted names."""
+    m = Net()
+    weight, head = m.head.weight, m.head
+    for owner, name in ((m.head, "weight"), (m, "head"), (m, "forward"), (m, "training"), (m.block, "scale")):
+        with pytest.raises(KeyError, match=f"attribute '{name}' already exists"):
+            owner.register_buffer(name, tt.zeros(1))
+    assert m.head is head and m.head.weight is weight and callable(m.forward) and m.training is True
+    assert "head.weight" in dict(m.named_parameters()) and "head.weight" not in dict(m.named_buffers())
+    with pytest.raises(KeyError, match="buffer name '' must be non-empty"):
+        m.register_buffer("", tt.zeros(1))
+    with pytest.raises(KeyError, match="buffer name 'a.b' must .*not contain a dot"):
+        m.register_buffer("a.b", tt.zeros(1))
+    with pytest.raises(TypeError, match="int"):
+        m.register_buffer(3, tt.zeros(1))
+    assert "" not in m.__dict__ and "a.b" not in m.__dict__ and len(m.buffers()) == 3
+    m.register_buffer("steps", tt.zeros(1))
+    m.register_buffer("steps", None)  # a buffer may be registered again
+    assert "steps" in m._buffers and m.steps is None
+
+
 def test_forward_must_be_defined() -> None:
     with pytest.raises(NotImplementedError, match="Module must define forward"):
         Module()(tt.zeros(1))

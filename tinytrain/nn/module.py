@@ -127,7 +127,22 @@ class Module:
         object.__delattr__(self, name)
 
     def register_buffer(self, name: str, tensor: Tensor | None) -> None:
-        """Register ``tensor`` as state that is saved and moved but not trained."""
+        """Register ``tensor`` as state that is saved and moved but not trained.
+
+        As in PyTorch, ``name`` must be a non-empty ``str`` without ``"."`` (``TypeError``,
+        ``KeyError``), and a name that is already an attribute (a parameter, a sub-module,
+        a method, a plain attribute) and not a buffer raises ``KeyError``: delete that
+        attribute first to reuse its name. Nothing changes when it raises.
+        """
+        check_type("name", name, str, "a str")
+        if name == "" or "." in name:
+            raise KeyError(f"buffer name {name!r} must be non-empty and must not contain a dot "
+                           f"(dotted names address sub-modules)")
+        if hasattr(self, name) and name not in self._buffers:
+            kind = ("a parameter" if name in self._parameters else "a sub-module" if name in self._modules
+                    else "a method" if callable(getattr(self, name)) else "an attribute")
+            raise KeyError(f"attribute {name!r} already exists: it is {kind} of {type(self).__name__}; "
+                           f"register the buffer under another name (or delete the attribute first)")
         if not isinstance(tensor, (Tensor, type(None))):
             raise TypeError(f"buffer {name!r} must be a Tensor or None, got {type(tensor).__name__}")
         if isinstance(tensor, Parameter):
