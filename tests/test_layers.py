@@ -206,6 +206,15 @@ def test_sequential_container(device) -> None:
         nn.Sequential(a, 3)
 
 
+@pytest.mark.parametrize("index", ["0", 1.0, None, (0,)])
+def test_container_index_of_the_wrong_type_raises_naming_it(index) -> None:
+    for container in (nn.Sequential(nn.ReLU(), nn.Tanh()), nn.ModuleList([nn.ReLU(), nn.Tanh()])):
+        with pytest.raises(TypeError, match=re.escape(f"index must be an int or a slice, got index={index!r} of type "
+                                                      f"{type(index).__name__}")):
+            container[index]
+    assert isinstance(nn.Sequential(nn.ReLU(), nn.Tanh())[np.int64(1)], nn.Tanh)
+
+
 def test_module_list() -> None:
     layers = nn.ModuleList(nn.Linear(2, 2) for _ in range(2))
     assert layers.append(nn.Tanh()) is layers and len(layers) == 3

@@ -207,6 +207,15 @@ def test_train_eval_reach_two_levels_deep(device) -> None:
     assert net.train(False) is net and not net.block.layers.training
 
 
+@pytest.mark.parametrize("mode", ["no", "False", 0, None, 1.0])
+def test_train_mode_must_be_a_bool(mode) -> None:
+    net = make_net()
+    with pytest.raises(TypeError, match=f"mode must be True or False, got mode={mode!r}"):
+        net.train(mode)
+    assert all(m.training for m in net.modules()), "nothing changes"
+    assert net.train(np.bool_(False)) is net and not any(m.training for m in net.modules())
+
+
 def test_zero_grad_sets_grads_to_none() -> None:
     net = make_net()
     net(tt.randn(5, 4)).sum().backward()

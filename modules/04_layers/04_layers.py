@@ -304,7 +304,10 @@ class Module:
 
     # -- modes and gradients ----------------------------------------------------------
     def train(self, mode: bool = True) -> "Module":
-        """Set training mode (``mode=False``: evaluation mode) on every sub-module; returns ``self``."""
+        """Set training mode (``mode=False``: evaluation mode) on every sub-module; returns ``self``.
+
+        ``mode`` must be a bool (``TypeError`` otherwise: ``train("no")`` would be training mode)."""
+        check_type("mode", mode, (bool, np.bool_), "True or False")
         for module in self.modules():
             object.__setattr__(module, "training", bool(mode))
         return self
@@ -610,7 +613,7 @@ from typing import Any, Iterable, Iterator
 
 import numpy as np
 
-from tinytrain.arguments import check_int
+from tinytrain.arguments import check_int, check_type
 from tinytrain.autograd import Function
 from tinytrain.backend import get_backend
 from tinytrain.nn.activations import gelu, log_softmax, softmax
@@ -794,6 +797,7 @@ class ModuleList(Module):
         return iter(self._modules.values())
 
     def __getitem__(self, index: int | slice) -> Any:
+        check_type("index", index, (int, np.integer, slice), "an int or a slice")
         modules = list(self._modules.values())
         if isinstance(index, slice):
             return self._of(modules[index])

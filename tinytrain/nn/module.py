@@ -225,7 +225,10 @@ class Module:
 
     # -- modes and gradients ----------------------------------------------------------
     def train(self, mode: bool = True) -> "Module":
-        """Set training mode (``mode=False``: evaluation mode) on every sub-module; returns ``self``."""
+        """Set training mode (``mode=False``: evaluation mode) on every sub-module; returns ``self``.
+
+        ``mode`` must be a bool (``TypeError`` otherwise: ``train("no")`` would be training mode)."""
+        check_type("mode", mode, (bool, np.bool_), "True or False")
         for module in self.modules():
             object.__setattr__(module, "training", bool(mode))
         return self
