@@ -651,6 +651,33 @@ def test_loaded_step_count_becomes_an_int():
     assert type(optimizer.state[0]["step"]) is int and optimizer.state[0]["step"] == 2
 
 
+def test_a_step_that_raises_changes_nothing(device, other_device):
+    """A gradient that cannot be used (on another device, of a non-floating dtype, not a tensor) is found before
+    any parameter or state changes: the step counters, moments and earlier parameters stay as they were."""
+    for bad_grad, error, message in (
+            (lambda p: tt.tensor(np.ones(p.shape, np.float32), device=other_device), RuntimeError,
+             "parameter 2 is on .*, its gradient on"),
+            (lambda p: tt.tensor(np.ones(p.shape, np.int64), device=device), TypeError,
+             "gradient of parameter 2 has dtype int64"),
+            (lambda p: np.ones(p.shape, np.float32), TypeError, "gradient of parameter 2 must be a Tensor.*ndarray"),
+            (lambda p: tt.ones(4, device=device), ValueError, r"parameter 2 has shape \(\) and a gradient of shape \(4,\)")):
+        params = make_params(initial_values(), device)
+        optimizer = Adam(params, lr=0.01)
+        run(optimizer, params, gradient_sequence(1))
+        before = [p.numpy() for p in params], optimizer.state_dict()
+        set_grads(params, gradient_sequence(1, seed=5)[0])
+        params[2].grad = bad_grad(params[2])
+        with pytest.raises(error, match=message):
+            optimizer.step()
+        after = optimizer.state_dict()
+        for a, b in zip(before[0], params):
+            np.testing.assert_array_equal(a, b.numpy())
+        for a, b in zip(before[1]["state"], after["state"]):
+            assert a["step"] == b["step"] == 1
+            np.testing.assert_array_equal(a["exp_avg"], b["exp_avg"])
+            np.testing.assert_array_equal(a["exp_avg_sq"], b["exp_avg_sq"])
+
+
 # -- parameter groups ---------------------------------------------------------------------------
 
 GROUP_CONFIGS = [  # (kind, constructor settings, the second group's own settings)

@@ -353,20 +353,36 @@ class Optimizer:
         """Update every parameter that has a gradient; skip (and keep the state of) the others.
 
         State follows its parameter: after ``model.to(device)`` the next step
-        moves each state's arrays to the parameter's new device first.
+        moves each state's arrays to the parameter's new device first. Every
+        gradient is checked before anything changes (a ``Tensor`` of its
+        parameter's shape, floating point, on its device: ``TypeError``,
+        ``ValueError`` or ``RuntimeError`` naming the parameter's index), so a step
+        that raises updates no parameter and no state (no step count goes up).
         """
-        for index, (param, state, home, group) in enumerate(
-                zip(self.params, self.state, self._state_backends, self._groups)):
-            grad = param.grad
-            if grad is None:
-                continue
-            array, grad = param.data, grad.data
-            if grad.shape != array.shape:
-                raise ValueError(f"a parameter of shape {array.shape} has a gradient of shape {grad.shape}")
+        stepping = [index for index, param in enumerate(self.params) if param.grad is not None]
+        for index in stepping:
+            self._check_grad(index)
+        for index in stepping:
+            param, state, group = self.params[index], self.state[index], self._groups[index]
             backend = param._backend
-            if home is not backend:  # the first step, or the parameter has moved since the last one
+            if self._state_backends[index] is not backend:  # the first step, or the parameter has moved since
                 self._settle_state(index, backend)
-            self.update(array, grad, state, group, backend.xp)
+            self.update(param.data, param.grad.data, state, group, backend.xp)
+
+    def _check_grad(self, index: int) -> None:
+        """Raise naming parameter ``index`` unless its ``.grad`` is a floating-point ``Tensor`` of its shape
+        on its device (what ``update`` takes for granted)."""
+        param, grad = self.params[index], self.params[index].grad
+        if not isinstance(grad, Tensor):
+            raise TypeError(f"the gradient of parameter {index} must be a Tensor, got {type(grad).__name__}")
+        if grad.shape != param.shape:
+            raise ValueError(f"parameter {index} has shape {param.shape} and a gradient of shape {grad.shape}")
+        if grad.dtype.kind != "f":
+            raise TypeError(f"the gradient of parameter {index} has dtype {grad.dtype}, expected floating point "
+                            f"(the parameter's is {param.dtype})")
+        if grad._backend is not param._backend:
+            raise RuntimeError(f"parameter {index} is on {param.device}, its gradient on {grad.device}; "
+                               "move the gradient with .to(device)")
 
     def _settle_state(self, index: int, backend: Any) -> None:
         """Create parameter ``index``'s state, or copy its arrays (through the host) to ``backend``."""
