@@ -191,7 +191,7 @@ def test_embedding_errors_name_the_ids_and_the_table(device, other_device) -> No
         F.embedding([4, -1], weight)
     with pytest.raises(IndexError, match="from 0 to 5"):
         F.embedding([[0], [5]], weight)
-    with pytest.raises(TypeError, match="integers, got dtype float32"):
+    with pytest.raises(TypeError, match=r"of ids in \[0, 5\), got dtype float32 of shape \(1,\)"):
         F.embedding(tt.tensor([1.0], device=device), weight)
     with pytest.raises(RuntimeError, match="same device"):
         F.embedding(tt.tensor([1], device=other_device), weight)
@@ -200,6 +200,25 @@ def test_embedding_errors_name_the_ids_and_the_table(device, other_device) -> No
     assert F.embedding(tt.zeros(0, dtype="int64", device=device), weight).shape == (0, 2)
     with pytest.raises(ValueError, match="num_embeddings"):
         nn.Embedding(0, 3)
+
+
+def test_embedding_of_one_int_id_and_of_bad_ids(device) -> None:
+    """An int is one id (shape (D,), like weight[id]); it used to become a float32 tensor and raise 'the ids
+    must be integers, got dtype float32'. Ids that are no integers name the input and what was expected."""
+    layer = nn.Embedding(3, 2).to(device)
+    np.testing.assert_array_equal(layer(1).numpy(), layer.weight.numpy()[1])
+    np.testing.assert_array_equal(layer(np.int64(2)).numpy(), layer.weight.numpy()[2])
+    with pytest.raises(IndexError, match=r"range\(0, 3\).*from 3 to 3"):
+        layer(3)
+    expected = r"expected an integer tensor \(or array, list or int\) of ids in \[0, 3\), "
+    for bad, error, shown in ((1.0, TypeError, "got dtype float32 of shape \\(\\)"),
+                              ([0.5, 1], TypeError, "got dtype float32 of shape \\(2,\\)"),
+                              (True, TypeError, "got dtype bool"),
+                              ("a", TypeError, "got input='a' of type str"),
+                              (None, TypeError, "got input=None of type NoneType"),
+                              ([[0, 1], [2]], ValueError, r"got input=\[\[0, 1\], \[2\]\] .*inhomogeneous")):
+        with pytest.raises(error, match="embedding: " + expected + shown):
+            layer(bad)
 
 
 # -- positional encodings ---------------------------------------------------------------------------------

@@ -471,6 +471,29 @@ def test_max_pool_nan_propagates(device) -> None:
     assert np.isnan(F.max_pool2d(tensor64(a, device), 2).numpy()).all()
 
 
+@pytest.mark.parametrize("tiled", [True, False])
+def test_max_pool_gradient_of_a_window_with_nan_is_pinned(device, tiled) -> None:
+    """A documented limitation (MaxPool2dFunction's docstring): the forward pass does not look for NaN, so a
+    window holding NaN sends its gradient to the first maximum of the elements before its first NaN (to the NaN
+    itself when it comes first). PyTorch sends it to the window's last NaN. Pinned so that a change is deliberate."""
+    windows = [[[1.0, np.nan], [2.0, 0.0]],  # 1.0 comes before the NaN: it gets the gradient
+               [[np.nan, 5.0], [6.0, 7.0]],  # the NaN comes first: the NaN gets it
+               [[3.0, 4.0], [np.nan, np.nan]],  # 4.0
+               [[0.0, 0.0], [9.0, np.nan]]]  # 9.0
+    winners = [(0, 0), (0, 0), (0, 1), (1, 0)]
+    a = np.concatenate(windows, axis=1)[None, None]  # (1, 1, 2, 8): four 2x2 windows side by side
+    if not tiled:
+        a = np.pad(a, ((0, 0), (0, 0), (0, 1), (0, 1)), constant_values=-1.0)  # 3x9: windows do not tile it
+    x = tensor64(a, device, requires_grad=True)
+    out = F.max_pool2d(x, 2)
+    assert out.shape == (1, 1, 1, 4) and np.isnan(out.numpy()).all()
+    out.backward(tt.tensor(np.array([[[[10.0, 20.0, 30.0, 40.0]]]]), device=device))
+    expected = np.zeros_like(a)
+    for w, ((i, j), g) in enumerate(zip(winners, (10.0, 20.0, 30.0, 40.0))):
+        expected[0, 0, i, 2 * w + j] = g
+    np.testing.assert_array_equal(x.grad.numpy(), expected)
+
+
 # -- BatchNorm2d -----------------------------------------------------------------------------------
 
 def test_batchnorm2d_train_eval_and_state(device) -> None:

@@ -206,6 +206,15 @@ def test_sequential_container(device) -> None:
         nn.Sequential(a, 3)
 
 
+@pytest.mark.parametrize("index", ["0", 1.0, None, (0,)])
+def test_container_index_of_the_wrong_type_raises_naming_it(index) -> None:
+    for container in (nn.Sequential(nn.ReLU(), nn.Tanh()), nn.ModuleList([nn.ReLU(), nn.Tanh()])):
+        with pytest.raises(TypeError, match=re.escape(f"index must be an int or a slice, got index={index!r} of type "
+                                                      f"{type(index).__name__}")):
+            container[index]
+    assert isinstance(nn.Sequential(nn.ReLU(), nn.Tanh())[np.int64(1)], nn.Tanh)
+
+
 def test_module_list() -> None:
     layers = nn.ModuleList(nn.Linear(2, 2) for _ in range(2))
     assert layers.append(nn.Tanh()) is layers and len(layers) == 3
@@ -443,6 +452,66 @@ def test_batchnorm_errors(device) -> None:
     with pytest.raises(ValueError, match="more than one value per channel"):
         bn(tt.randn(1, 3, device=device))
     assert bn.eval()(tt.randn(1, 3, device=device)).shape == (1, 3)
+
+
+@pytest.mark.parametrize("layer", [nn.BatchNorm1d, nn.BatchNorm2d])
+@pytest.mark.parametrize("argument, value, error, message", [
+    ("num_features", 0, ValueError, "num_features must be a whole number >= 1, got num_features=0"),
+    ("num_features", -3, ValueError, "num_features=-3"),
+    ("num_features", 3.0, TypeError, "num_features=3.0 of type float"),
+    ("num_features", "3", TypeError, "num_features='3' of type str"),
+    ("eps", 0.0, ValueError, "eps must be a finite number > 0, got eps=0.0"),
+    ("eps", -1.0, ValueError, "eps=-1.0"),
+    ("eps", float("nan"), ValueError, "eps=nan"),
+    ("eps", float("inf"), ValueError, "eps=inf"),
+    ("eps", "1e-5", TypeError, "eps='1e-5' of type str"),
+    ("momentum", None, TypeError, "momentum=None.*cumulative.*not supported"),
+    ("momentum", -0.1, ValueError, r"momentum must be a finite number in \[0, 1\], got momentum=-0.1"),
+    ("momentum", 1.5, ValueError, "momentum=1.5"),
+    ("momentum", float("nan"), ValueError, "momentum=nan"),
+])
+def test_batchnorm_refuses_bad_settings_naming_them(layer, argument, value, error, message) -> None:
+    """At construction, not at the first forward pass (or never: eps=-1 gave NaN, momentum=None a TypeError
+    in the middle of the running-average update, momentum=1.5 running averages that diverge)."""
+    settings = {"num_features": 3, **{argument: value}}
+    with pytest.raises(error, match=message):
+        layer(**settings)
+
+
+def test_batchnorm_momentum_at_the_ends_of_its_range() -> None:
+    x = tt.randn(8, 2)
+    assert np.array_equal(nn.BatchNorm1d(2, momentum=0)(x).numpy(), nn.BatchNorm1d(2)(x).numpy())
+    frozen, latest = nn.BatchNorm1d(2, momentum=0), nn.BatchNorm1d(2, momentum=1)
+    frozen(x), latest(x)
+    assert np.array_equal(frozen.running_mean.numpy(), [0, 0])
+    np.testing.assert_allclose(latest.running_mean.numpy(), x.numpy().mean(0), rtol=1e-6)
+
+
+@pytest.mark.parametrize("shape, error, message", [
+    (0, ValueError, "normalized_shape must be a whole number >= 1, got normalized_shape=0"),
+    (-2, ValueError, "normalized_shape=-2"),
+    ((4, 0), ValueError, r"normalized_shape\[1\] must be a whole number >= 1, got normalized_shape\[1\]=0"),
+    ((), ValueError, r"normalized_shape must hold at least one size, got normalized_shape=\(\)"),
+    (2.5, TypeError, "normalized_shape must be an int or a tuple of ints, got normalized_shape=2.5 of type float"),
+    ((4, 2.0), TypeError, r"normalized_shape\[1\]=2.0 of type float"),
+    ("ab", TypeError, "normalized_shape='ab' of type str"),
+])
+def test_layernorm_refuses_a_bad_shape_naming_it(shape, error, message) -> None:
+    with pytest.raises(error, match=message):
+        nn.LayerNorm(shape)
+
+
+@pytest.mark.parametrize("eps, error", [(0.0, ValueError), (-1e-5, ValueError), (float("nan"), ValueError),
+                                        (float("inf"), ValueError), (None, TypeError)])
+def test_layernorm_refuses_a_bad_eps_naming_it(eps, error) -> None:
+    with pytest.raises(error, match=f"eps={eps!r}"):
+        nn.LayerNorm(4, eps=eps)
+
+
+def test_layernorm_takes_numpy_integers_and_lists() -> None:
+    assert nn.LayerNorm(np.int64(4)).normalized_shape == (4,)
+    assert nn.LayerNorm([2, np.int32(3)]).normalized_shape == (2, 3)
+    assert type(nn.LayerNorm([2, np.int32(3)]).normalized_shape[1]) is int
 
 
 def test_batchnorm_state_dict_and_repr() -> None:

@@ -149,6 +149,28 @@ def test_register_buffer() -> None:
         m.register_buffer("bad", Parameter([1.0]))
 
 
+def test_register_buffer_refuses_names_that_are_taken_or_invalid() -> None:
+    """As PyTorch: a name that is already an attribute (a parameter, a sub-module, a method, a plain
+    attribute) and not a buffer raises KeyError and changes nothing; so do "" and dotted names."""
+    m = Net()
+    weight, head = m.head.weight, m.head
+    for owner, name in ((m.head, "weight"), (m, "head"), (m, "forward"), (m, "training"), (m.block, "scale")):
+        with pytest.raises(KeyError, match=f"attribute '{name}' already exists"):
+            owner.register_buffer(name, tt.zeros(1))
+    assert m.head is head and m.head.weight is weight and callable(m.forward) and m.training is True
+    assert "head.weight" in dict(m.named_parameters()) and "head.weight" not in dict(m.named_buffers())
+    with pytest.raises(KeyError, match="buffer name '' must be non-empty"):
+        m.register_buffer("", tt.zeros(1))
+    with pytest.raises(KeyError, match="buffer name 'a.b' must .*not contain a dot"):
+        m.register_buffer("a.b", tt.zeros(1))
+    with pytest.raises(TypeError, match="int"):
+        m.register_buffer(3, tt.zeros(1))
+    assert "" not in m.__dict__ and "a.b" not in m.__dict__ and len(m.buffers()) == 3
+    m.register_buffer("steps", tt.zeros(1))
+    m.register_buffer("steps", None)  # a buffer may be registered again
+    assert "steps" in m._buffers and m.steps is None
+
+
 def test_forward_must_be_defined() -> None:
     with pytest.raises(NotImplementedError, match="Module must define forward"):
         Module()(tt.zeros(1))
@@ -183,6 +205,15 @@ def test_train_eval_reach_two_levels_deep(device) -> None:
 
     assert net.train() is net and all(m.training for m in net.modules())
     assert net.train(False) is net and not net.block.layers.training
+
+
+@pytest.mark.parametrize("mode", ["no", "False", 0, None, 1.0])
+def test_train_mode_must_be_a_bool(mode) -> None:
+    net = make_net()
+    with pytest.raises(TypeError, match=f"mode must be True or False, got mode={mode!r}"):
+        net.train(mode)
+    assert all(m.training for m in net.modules()), "nothing changes"
+    assert net.train(np.bool_(False)) is net and not any(m.training for m in net.modules())
 
 
 def test_zero_grad_sets_grads_to_none() -> None:
@@ -353,6 +384,22 @@ def test_to_dtype_casts_floating_tensors_only(device) -> None:
     assert bn.running_mean.dtype == np.float64 and bn.num_batches_tracked.dtype == np.int64
     x = tt.randn(3, 4, dtype="float64", device=device)
     assert net(x).dtype == np.float64
+
+
+@pytest.mark.parametrize("dtype", ["int32", np.int64, "bool", "complex64", np.complex128, "uint8"])
+def test_to_refuses_a_dtype_that_is_not_floating_point(dtype) -> None:
+    """PyTorch: "nn.Module.to only accepts floating point or complex dtypes"; ours only floating point."""
+    net = make_net()
+    before = net.state_dict()
+    with pytest.raises(TypeError, match=f"floating-point.*got dtype={np.dtype(dtype)}"):
+        net.to(dtype=dtype)
+    with pytest.raises(TypeError, match=f"got dtype={np.dtype(dtype)}"):
+        net.to("strict", dtype=dtype)
+    for name, tensor in net.state_dict().items():  # nothing moved or changed
+        assert tensor.device == "cpu" and tensor.dtype == before[name].dtype
+        np.testing.assert_array_equal(tensor.numpy(), before[name].numpy())
+    with pytest.raises(TypeError):
+        net.to(dtype="no such dtype")
 
 
 def test_module_on_wrong_device_fails_loudly(device, other_device) -> None:

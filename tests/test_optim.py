@@ -581,6 +581,103 @@ def test_load_state_dict_refuses_a_mismatch_and_changes_nothing():
         assert a["step"] == b["step"] and np.array_equal(a["exp_avg"], b["exp_avg"])
 
 
+MISSING = object()
+BAD_STATES = [  # (optimizer, parameter index, key, bad value or MISSING, error, what the message must say)
+    ("adam", 1, "exp_avg", MISSING, ValueError, r"state of parameter 1 lacks 'exp_avg'"),
+    ("adam", 2, "exp_avg_sq", MISSING, ValueError, r"state of parameter 2 lacks 'exp_avg_sq'"),
+    ("adam", 0, "step", MISSING, ValueError, r"state of parameter 0 lacks 'step'"),
+    ("adam", 0, "step", "3", TypeError, r"state\[0\]\['step'\] must be a whole number, got .*='3' of type str"),
+    ("adam", 1, "step", -1, ValueError, r"state\[1\]\['step'\] must be a whole number >= 0, got .*=-1"),
+    ("adam", 2, "step", 2.0, TypeError, r"state\[2\]\['step'\].*=2.0 of type float"),
+    ("adam", 0, "step", True, TypeError, r"state\[0\]\['step'\].*=True of type bool"),
+    ("adam", 1, "exp_avg", [0.0] * 5, TypeError, r"state\[1\]\['exp_avg'\] must be a NumPy array.*of type list"),
+    ("adam", 1, "exp_avg", np.zeros(7, np.float32), ValueError,
+     r"state\[1\]\['exp_avg'\] has shape \(7,\), the parameter has shape \(5,\)"),
+    ("adam", 0, "exp_avg_sq", np.zeros((3, 4), np.complex64), TypeError,
+     r"state\[0\]\['exp_avg_sq'\] holds complex64 values.*float32"),
+    ("adam", 0, "exp_avg", np.full((3, 4), "x"), TypeError, r"state\[0\]\['exp_avg'\] holds <U1 values"),
+    ("adam", 0, "exp_avg", np.zeros((3, 4), bool), TypeError, r"state\[0\]\['exp_avg'\] holds bool values"),
+    ("adam", 1, "exp_avg_sq", np.array([0.5, 0.1, -0.25, 0.0, 1.0], np.float32), ValueError,
+     r"state\[1\]\['exp_avg_sq'\] must hold numbers >= 0.*-0.25 at index \(2,\)"),
+    ("adam", 1, "exp_avg_sq", np.array([0.5, np.nan, 0.2, 0.0, 1.0], np.float32), ValueError,
+     r"state\[1\]\['exp_avg_sq'\] must hold numbers >= 0.*nan at index \(1,\)"),
+    ("adam", 2, "momentum_buffer", np.zeros((), np.float32), ValueError,
+     r"state of parameter 2 has an unknown key 'momentum_buffer'.*step, exp_avg, exp_avg_sq"),
+    ("sgd", 0, "momentum_buffer", MISSING, ValueError, None),  # not an error: an empty state starts fresh
+    ("sgd", 0, "momentum_buffer", [[0.0] * 4] * 3, TypeError, r"state\[0\]\['momentum_buffer'\].*list"),
+    ("sgd", 2, "step", 3, ValueError, r"state of parameter 2 has an unknown key 'step'.*momentum_buffer"),
+]
+
+
+def trained(kind):
+    params = make_params(initial_values(), "cpu")
+    optimizer = Adam(params, lr=0.01) if kind == "adam" else SGD(params, lr=0.1, momentum=0.9)
+    run(optimizer, params, gradient_sequence(2))
+    return optimizer, params
+
+
+@pytest.mark.parametrize("kind, index, key, value, error, message", BAD_STATES)
+def test_load_state_dict_refuses_bad_parameter_state_and_changes_nothing(kind, index, key, value, error, message):
+    """Each was loaded and failed (or went wrong) only at the next step(); now the load raises naming the
+    parameter, the key and the value, and the optimizer keeps its own state, stepping on as before."""
+    optimizer, params = trained(kind)
+    twin, twin_params = trained(kind)
+    bad = optimizer.state_dict()
+    bad["lr"] = 0.5  # must not be applied either
+    if value is MISSING:
+        del bad["state"][index][key]
+    else:
+        bad["state"][index][key] = value
+    if message is None:  # SGD's only key gone: the state is empty, which loads (a parameter not yet updated)
+        optimizer.load_state_dict(bad)
+        assert optimizer.state[index] == {} and optimizer.lr == 0.5
+        return
+    with pytest.raises(error, match=message):
+        optimizer.load_state_dict(bad)
+    assert optimizer.lr == twin.lr
+    run(optimizer, params, gradient_sequence(2, seed=3))
+    run(twin, twin_params, gradient_sequence(2, seed=3))
+    for a, b in zip(params + [s.get("step") for s in optimizer.state],
+                    twin_params + [s.get("step") for s in twin.state]):
+        np.testing.assert_array_equal(a.numpy() if isinstance(a, tt.Tensor) else a,
+                                      b.numpy() if isinstance(b, tt.Tensor) else b)
+
+
+def test_loaded_step_count_becomes_an_int():
+    optimizer, params = trained("adam")
+    saved = optimizer.state_dict()
+    saved["state"][0]["step"] = np.int64(2)
+    optimizer.load_state_dict(saved)
+    assert type(optimizer.state[0]["step"]) is int and optimizer.state[0]["step"] == 2
+
+
+def test_a_step_that_raises_changes_nothing(device, other_device):
+    """A gradient that cannot be used (on another device, of a non-floating dtype, not a tensor) is found before
+    any parameter or state changes: the step counters, moments and earlier parameters stay as they were."""
+    for bad_grad, error, message in (
+            (lambda p: tt.tensor(np.ones(p.shape, np.float32), device=other_device), RuntimeError,
+             "parameter 2 is on .*, its gradient on"),
+            (lambda p: tt.tensor(np.ones(p.shape, np.int64), device=device), TypeError,
+             "gradient of parameter 2 has dtype int64"),
+            (lambda p: np.ones(p.shape, np.float32), TypeError, "gradient of parameter 2 must be a Tensor.*ndarray"),
+            (lambda p: tt.ones(4, device=device), ValueError, r"parameter 2 has shape \(\) and a gradient of shape \(4,\)")):
+        params = make_params(initial_values(), device)
+        optimizer = Adam(params, lr=0.01)
+        run(optimizer, params, gradient_sequence(1))
+        before = [p.numpy() for p in params], optimizer.state_dict()
+        set_grads(params, gradient_sequence(1, seed=5)[0])
+        params[2].grad = bad_grad(params[2])
+        with pytest.raises(error, match=message):
+            optimizer.step()
+        after = optimizer.state_dict()
+        for a, b in zip(before[0], params):
+            np.testing.assert_array_equal(a, b.numpy())
+        for a, b in zip(before[1]["state"], after["state"]):
+            assert a["step"] == b["step"] == 1
+            np.testing.assert_array_equal(a["exp_avg"], b["exp_avg"])
+            np.testing.assert_array_equal(a["exp_avg_sq"], b["exp_avg_sq"])
+
+
 # -- parameter groups ---------------------------------------------------------------------------
 
 GROUP_CONFIGS = [  # (kind, constructor settings, the second group's own settings)

@@ -19,7 +19,7 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from tinytrain.arguments import check_number, check_type
+from tinytrain.arguments import check_int, check_number, check_type
 from tinytrain.backend import memory_order
 from tinytrain.tensor import Tensor
 
@@ -120,10 +120,15 @@ class Optimizer:
     ``lr``), ``params`` all parameters in group order, ``state`` one dict per
     parameter. A subclass sets ``hyperparameters`` (the names that ``state_dict``
     saves), validates them in ``_check_hyperparameters``, creates a parameter's
-    state in ``init_state`` and implements the update rule in ``update``.
+    state in ``init_state``, declares its keys in ``state_layout`` and implements
+    the update rule in ``update``.
     """
 
     hyperparameters: tuple[str, ...] = ("lr",)
+    # Every key that a parameter's state may hold, and what its value is: "count" (an int >= 0),
+    # "array" (of the parameter's shape) or "array >= 0" (also every number >= 0). load_state_dict
+    # refuses other keys and values; the keys that init_state creates must all be there.
+    state_layout: dict[str, str] = {}
 
     def __init__(self, params: Iterable[Any], **defaults: Any) -> None:
         self.defaults = self._check_hyperparameters(**defaults)
@@ -196,20 +201,36 @@ class Optimizer:
         """Update every parameter that has a gradient; skip (and keep the state of) the others.
 
         State follows its parameter: after ``model.to(device)`` the next step
-        moves each state's arrays to the parameter's new device first.
+        moves each state's arrays to the parameter's new device first. Every
+        gradient is checked before anything changes (a ``Tensor`` of its
+        parameter's shape, floating point, on its device: ``TypeError``,
+        ``ValueError`` or ``RuntimeError`` naming the parameter's index), so a step
+        that raises updates no parameter and no state (no step count goes up).
         """
-        for index, (param, state, home, group) in enumerate(
-                zip(self.params, self.state, self._state_backends, self._groups)):
-            grad = param.grad
-            if grad is None:
-                continue
-            array, grad = param.data, grad.data
-            if grad.shape != array.shape:
-                raise ValueError(f"a parameter of shape {array.shape} has a gradient of shape {grad.shape}")
+        stepping = [index for index, param in enumerate(self.params) if param.grad is not None]
+        for index in stepping:
+            self._check_grad(index)
+        for index in stepping:
+            param, state, group = self.params[index], self.state[index], self._groups[index]
             backend = param._backend
-            if home is not backend:  # the first step, or the parameter has moved since the last one
+            if self._state_backends[index] is not backend:  # the first step, or the parameter has moved since
                 self._settle_state(index, backend)
-            self.update(array, grad, state, group, backend.xp)
+            self.update(param.data, param.grad.data, state, group, backend.xp)
+
+    def _check_grad(self, index: int) -> None:
+        """Raise naming parameter ``index`` unless its ``.grad`` is a floating-point ``Tensor`` of its shape
+        on its device (what ``update`` takes for granted)."""
+        param, grad = self.params[index], self.params[index].grad
+        if not isinstance(grad, Tensor):
+            raise TypeError(f"the gradient of parameter {index} must be a Tensor, got {type(grad).__name__}")
+        if grad.shape != param.shape:
+            raise ValueError(f"parameter {index} has shape {param.shape} and a gradient of shape {grad.shape}")
+        if grad.dtype.kind != "f":
+            raise TypeError(f"the gradient of parameter {index} has dtype {grad.dtype}, expected floating point "
+                            f"(the parameter's is {param.dtype})")
+        if grad._backend is not param._backend:
+            raise RuntimeError(f"parameter {index} is on {param.device}, its gradient on {grad.device}; "
+                               "move the gradient with .to(device)")
 
     def _settle_state(self, index: int, backend: Any) -> None:
         """Create parameter ``index``'s state, or copy its arrays (through the host) to ``backend``."""
@@ -261,8 +282,10 @@ class Optimizer:
         (and can be written) instead of copying them: for a state dict that no
         one else holds, such as one just read from a checkpoint file.
         Raises ``ValueError`` (changing nothing) for the state of another optimizer
-        type, another number of parameters, other parameter groups, invalid
-        hyperparameters, or buffers of the wrong shape. A state dict saved before
+        type, another number of parameters, other parameter groups or invalid
+        hyperparameters; and ``TypeError`` or ``ValueError`` naming the parameter's
+        index, the key and the value for per-parameter state that does not fit
+        ``state_layout`` (see ``_loaded_state``). A state dict saved before
         tinytrain had parameter groups (one ``"hyperparameters"`` dict) loads as one group.
         """
         if not isinstance(state_dict, dict) or not {"optimizer", "state"} <= state_dict.keys() or not (
@@ -276,27 +299,61 @@ class Optimizer:
             count = len(states) if isinstance(states, list) else type(states).__name__
             raise ValueError(f"the state dict holds state for {count} parameters, this optimizer has {len(self.params)}")
         lr, groups = self._saved_groups(state_dict)
-        restored = []
-        for i, (param, saved) in enumerate(zip(self.params, states)):
-            if not isinstance(saved, dict):
-                raise ValueError(f"the state of parameter {i} is a {type(saved).__name__}, not a dict")
-            state = {}
-            for key, value in saved.items():
-                if isinstance(value, np.ndarray):
-                    if value.shape != param.shape:
-                        raise ValueError(f"state {key!r} of parameter {i} has shape {value.shape}, "
-                                         f"the parameter has shape {param.shape}")
-                    order = memory_order(param.data)  # the buffers are updated in place, together with it
-                    if copy or value.dtype != param.dtype or not value.flags.writeable or memory_order(value) != order:
-                        value = np.array(value, dtype=param.dtype, order=order, copy=True)
-                    value = param._backend.from_host(value)
-                state[key] = value
-            restored.append(state)
+        settings_of = [settings for group, settings in zip(self.param_groups, groups) for _ in group["params"]]
+        restored = [self._loaded_state(i, saved, settings, copy)
+                    for i, (saved, settings) in enumerate(zip(states, settings_of))]
         for group, settings in zip(self.param_groups, groups):
             group.update(settings)
         self._lr = lr
         self.state = restored
         self._state_backends = [param._backend if state else None for param, state in zip(self.params, restored)]
+
+    def _loaded_state(self, index: int, saved: Any, group: dict[str, Any], copy: bool) -> dict[str, Any]:
+        """Parameter ``index``'s saved state, checked against ``state_layout``, with its arrays on the
+        parameter's device in its dtype and memory order (copies unless ``copy=False`` allows otherwise).
+
+        An empty state loads as it is (a parameter not updated yet). Otherwise it must hold
+        every key that ``init_state`` creates for ``group`` (the loaded hyperparameters;
+        called on an empty array, to learn the keys only) and no key outside ``state_layout``
+        (``ValueError``); a count must be an int >= 0, an array a NumPy array of real numbers
+        (not bool or complex) of the parameter's shape, every number >= 0 where the layout
+        says so (``TypeError`` or ``ValueError`` naming ``state[index][key]`` and the value).
+        """
+        param = self.params[index]
+        if not isinstance(saved, dict):
+            raise ValueError(f"the state of parameter {index} is a {type(saved).__name__}, not a dict")
+        if not saved:
+            return {}
+        layout = self.state_layout
+        kept = ", ".join(layout) or "no state"
+        for key in saved:
+            if key not in layout:
+                raise ValueError(f"the state of parameter {index} has an unknown key {key!r}: a "
+                                 f"{type(self).__name__} keeps {kept}")
+        for key in self.init_state(np.zeros(0, dtype=param.dtype), group, np):
+            if key not in saved:
+                raise ValueError(f"the state of parameter {index} lacks {key!r}: a {type(self).__name__} keeps "
+                                 f"{kept}, the state holds {', '.join(map(repr, saved))}")
+        state = {}
+        for key, value in saved.items():
+            name = f"state[{index}][{key!r}]"
+            if layout[key] == "count":
+                state[key] = check_int(name, value, minimum=0)
+                continue
+            check_type(name, value, np.ndarray, "a NumPy array of the parameter's shape")
+            if value.dtype.kind not in "iuf":
+                raise TypeError(f"{name} holds {value.dtype} values, expected real numbers for a {param.dtype} "
+                                f"parameter")
+            if value.shape != param.shape:
+                raise ValueError(f"{name} has shape {value.shape}, the parameter has shape {param.shape}")
+            if layout[key] == "array >= 0" and not (value >= 0).all():
+                where = tuple(int(i) for i in np.unravel_index(np.argmin(value >= 0), value.shape))
+                raise ValueError(f"{name} must hold numbers >= 0, got {value[where]} at index {where}")
+            order = memory_order(param.data)  # the buffers are updated in place, together with it
+            if copy or value.dtype != param.dtype or not value.flags.writeable or memory_order(value) != order:
+                value = np.array(value, dtype=param.dtype, order=order, copy=True)
+            state[key] = param._backend.from_host(value)
+        return state
 
     def _saved_groups(self, state_dict: dict[str, Any]) -> tuple[float, list[dict[str, Any]]]:
         """The checked learning rate and groups' hyperparameters of a state dict, or ``ValueError``."""
@@ -339,6 +396,7 @@ class SGD(Optimizer):
     """
 
     hyperparameters = ("lr", "momentum", "nesterov", "weight_decay")
+    state_layout = {"momentum_buffer": "array"}
 
     def __init__(
         self,
@@ -400,6 +458,7 @@ class Adam(Optimizer):
     """
 
     hyperparameters = ("lr", "betas", "eps", "weight_decay")
+    state_layout = {"step": "count", "exp_avg": "array", "exp_avg_sq": "array >= 0"}
 
     def __init__(
         self,

@@ -875,7 +875,15 @@ def gradient_slices(xp: Any, shape: tuple[int, ...], kernel: tuple[int, int], st
 
 class MaxPool2dFunction(Function):
     """Maximum over each window. Backward routes each window's gradient to its
-    first maximum (row by row), as PyTorch does. A window holding NaN gives NaN."""
+    first maximum (row by row), as PyTorch does.
+
+    A window holding NaN gives NaN. Where its gradient goes is left open, so that
+    the forward pass need not look for NaN: the reference (strict ``>`` against the
+    best so far) sends it to the first maximum of the elements before the window's
+    first NaN, or to the NaN when that comes first; PyTorch to the window's last NaN.
+    A known difference, kept on purpose: once an activation is NaN, the loss and the
+    weights' gradients are NaN whichever element gets the window's gradient.
+    """
 
     def forward(self, x: Any, *, kernel: tuple[int, int], stride: tuple[int, int]) -> Any:
         ### BEGIN SOLUTION
@@ -1433,7 +1441,10 @@ buffers.max_bytes = limit
 # `padding` and `ceil_mode`, and average pooling's `count_include_pad`). Its max
 # pooling saves the winners' indices, as we do (`return_indices=True` hands them
 # out, for `MaxUnpool2d`), and its CPU kernel keeps the *first* maximum of a
-# window, as we do.
+# window, as we do. (With one exception: a window holding NaN. PyTorch counts
+# NaN as larger than any number and sends the window's gradient to its last NaN;
+# our strict `>` never lets a NaN win after a number. By then the loss is NaN
+# anyway, and checking for NaN would cost every forward pass a few more passes.)
 #
 # The arithmetic is done by vendor libraries that pick among several algorithms:
 #

@@ -476,7 +476,7 @@ from typing import Any
 
 import numpy as np
 
-from tinytrain.arguments import check_int, check_number
+from tinytrain.arguments import _got, check_int, check_number
 from tinytrain.autograd import Function
 from tinytrain.backend import get_backend
 from tinytrain.nn.module import Module, Parameter
@@ -508,15 +508,23 @@ def embedding(input: Any, weight: Tensor) -> Tensor:
     """``weight[input]``: the rows of ``weight`` (num_embeddings, embedding_dim) for the integer
     ids ``input`` (a tensor, array or list of any shape); shape ``input.shape + (embedding_dim,)``.
 
-    Raises ``TypeError`` for ids that are not integers, ``IndexError`` naming the smallest
-    and largest id when one is outside ``range(num_embeddings)``, ``RuntimeError`` for
-    ids on another device.
+    A single int is one id (shape ``(embedding_dim,)``). Raises ``TypeError`` for ids
+    that are not integers (naming their dtype, or the input when it is no array at all),
+    ``ValueError`` for a ragged list, ``IndexError`` naming the smallest and largest id
+    when one is outside ``range(num_embeddings)``, ``RuntimeError`` for ids on another device.
     """
     if weight.ndim != 2:
         raise ValueError(f"embedding: the weight must have shape (num_embeddings, embedding_dim), got {weight.shape}")
-    ids = weight._operand(input)
+    expected = f"embedding: expected an integer tensor (or array, list or int) of ids in [0, {weight.shape[0]})"
+    if isinstance(input, Tensor):
+        ids = weight._operand(input)  # which refuses a tensor on another device
+    else:
+        try:
+            ids = Tensor(input, device=weight._backend)  # not weight._operand: that makes an int a float
+        except (TypeError, ValueError) as error:  # a string, None, a ragged list
+            raise type(error)(f"{expected}, {_got('input', input, with_type=True)} ({error})") from None
     if ids.dtype.kind not in "iu":
-        raise TypeError(f"embedding: the ids must be integers, got dtype {ids.dtype}")
+        raise TypeError(f"{expected}, got dtype {ids.dtype} of shape {ids.shape}")
     if ids.size:
         low, high = int(ids.data.min()), int(ids.data.max())
         if low < 0 or high >= weight.shape[0]:

@@ -396,7 +396,15 @@ def gradient_slices(xp: Any, shape: tuple[int, ...], kernel: tuple[int, int], st
 
 class MaxPool2dFunction(Function):
     """Maximum over each window. Backward routes each window's gradient to its
-    first maximum (row by row), as PyTorch does. A window holding NaN gives NaN."""
+    first maximum (row by row), as PyTorch does.
+
+    A window holding NaN gives NaN. Where its gradient goes is left open, so that
+    the forward pass need not look for NaN: the reference (strict ``>`` against the
+    best so far) sends it to the first maximum of the elements before the window's
+    first NaN, or to the NaN when that comes first; PyTorch to the window's last NaN.
+    A known difference, kept on purpose: once an activation is NaN, the loss and the
+    weights' gradients are NaN whichever element gets the window's gradient.
+    """
 
     def forward(self, x: Any, *, kernel: tuple[int, int], stride: tuple[int, int]) -> Any:
         xp = self.xp

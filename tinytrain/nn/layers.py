@@ -12,7 +12,7 @@ from typing import Any, Iterable, Iterator
 
 import numpy as np
 
-from tinytrain.arguments import check_int
+from tinytrain.arguments import check_int, check_type
 from tinytrain.autograd import Function
 from tinytrain.backend import get_backend
 from tinytrain.nn.activations import gelu, log_softmax, softmax
@@ -141,6 +141,7 @@ class ModuleList(Module):
         return iter(self._modules.values())
 
     def __getitem__(self, index: int | slice) -> Any:
+        check_type("index", index, (int, np.integer, slice), "an int or a slice")
         modules = list(self._modules.values())
         if isinstance(index, slice):
             return self._of(modules[index])

@@ -127,7 +127,22 @@ class Module:
         object.__delattr__(self, name)
 
     def register_buffer(self, name: str, tensor: Tensor | None) -> None:
-        """Register ``tensor`` as state that is saved and moved but not trained."""
+        """Register ``tensor`` as state that is saved and moved but not trained.
+
+        As in PyTorch, ``name`` must be a non-empty ``str`` without ``"."`` (``TypeError``,
+        ``KeyError``), and a name that is already an attribute (a parameter, a sub-module,
+        a method, a plain attribute) and not a buffer raises ``KeyError``: delete that
+        attribute first to reuse its name. Nothing changes when it raises.
+        """
+        check_type("name", name, str, "a str")
+        if name == "" or "." in name:
+            raise KeyError(f"buffer name {name!r} must be non-empty and must not contain a dot "
+                           f"(dotted names address sub-modules)")
+        if hasattr(self, name) and name not in self._buffers:
+            kind = ("a parameter" if name in self._parameters else "a sub-module" if name in self._modules
+                    else "a method" if callable(getattr(self, name)) else "an attribute")
+            raise KeyError(f"attribute {name!r} already exists: it is {kind} of {type(self).__name__}; "
+                           f"register the buffer under another name (or delete the attribute first)")
         if not isinstance(tensor, (Tensor, type(None))):
             raise TypeError(f"buffer {name!r} must be a Tensor or None, got {type(tensor).__name__}")
         if isinstance(tensor, Parameter):
@@ -210,7 +225,10 @@ class Module:
 
     # -- modes and gradients ----------------------------------------------------------
     def train(self, mode: bool = True) -> "Module":
-        """Set training mode (``mode=False``: evaluation mode) on every sub-module; returns ``self``."""
+        """Set training mode (``mode=False``: evaluation mode) on every sub-module; returns ``self``.
+
+        ``mode`` must be a bool (``TypeError`` otherwise: ``train("no")`` would be training mode)."""
+        check_type("mode", mode, (bool, np.bool_), "True or False")
         for module in self.modules():
             object.__setattr__(module, "training", bool(mode))
         return self
@@ -230,9 +248,13 @@ class Module:
 
         The tensor objects stay the same, so an optimizer built on ``parameters()``
         before the move keeps working. ``dtype`` applies to floating-point tensors only;
-        without it no dtype changes. An unknown ``dtype`` raises ``TypeError`` before
-        anything moves.
+        without it no dtype changes. An unknown ``dtype``, or one that is not floating
+        point (``"int32"``, ``"bool"``, complex: PyTorch takes complex ones, tinytrain has
+        none), raises ``TypeError`` naming it before anything moves (the given first lines).
         """
+        if dtype is not None and np.dtype(dtype).kind != "f":
+            raise TypeError(f"{type(self).__name__}.to: dtype must be a floating-point dtype (float16, float32 or "
+                            f"float64), got dtype={np.dtype(dtype)}; a module's parameters stay floating point")
         target = None if device is None else get_backend(device)
         dtype = None if dtype is None else np.dtype(dtype)
         for tensor in self.parameters() + self.buffers():

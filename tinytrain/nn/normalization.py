@@ -8,6 +8,9 @@ batch statistics for evaluation (its buffers).
 """
 from typing import Any
 
+import numpy as np
+
+from tinytrain.arguments import check_int, check_number, check_type
 from tinytrain.autograd import Function
 from tinytrain.nn.module import Module, Parameter
 from tinytrain.tensor import Tensor, ones, tensor, zeros
@@ -43,21 +46,34 @@ def normalize(x: Tensor, axes: tuple[int, ...], eps: float = 1e-5) -> tuple[Tens
     return Normalize.apply(x, mean=mean, var=var, axes=axes, eps=eps), mean, var
 
 
+def _normalized_shape(shape: Any) -> tuple[int, ...]:
+    """``LayerNorm``'s ``normalized_shape`` as a tuple of ``int``s >= 1: an int, or a non-empty tuple
+    or list of them; ``TypeError`` or ``ValueError`` naming the value otherwise."""
+    if isinstance(shape, (int, np.integer)):
+        return (check_int("normalized_shape", shape, minimum=1),)
+    check_type("normalized_shape", shape, (tuple, list), "an int or a tuple of ints")
+    if not shape:
+        raise ValueError(f"normalized_shape must hold at least one size, got normalized_shape={shape!r}")
+    return tuple(check_int(f"normalized_shape[{i}]", size, minimum=1) for i, size in enumerate(shape))
+
+
 class LayerNorm(Module):
     """Normalise each sample over its last ``len(normalized_shape)`` axes, then ``* weight + bias``.
 
     ``weight`` (ones) and ``bias`` (zeros) have shape ``normalized_shape``; the same
     computation in training and evaluation. An input of shape ``normalized_shape``
     itself is one sample. Raises ``ValueError`` naming the input's shape when its
-    trailing axes are not ``normalized_shape``.
+    trailing axes are not ``normalized_shape``. ``normalized_shape`` (an int or a
+    non-empty tuple of ints >= 1) and ``eps`` (a finite number > 0) are checked
+    when the layer is built: ``TypeError`` or ``ValueError`` naming the value.
     """
 
     def __init__(self, normalized_shape: int | tuple[int, ...], eps: float = 1e-5) -> None:
         super().__init__()
-        shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
-        self.normalized_shape, self.eps = shape, eps
-        self.weight = Parameter(ones(shape))
-        self.bias = Parameter(zeros(shape))
+        self.normalized_shape = _normalized_shape(normalized_shape)
+        self.eps = check_number("eps", eps, above=0)
+        self.weight = Parameter(ones(self.normalized_shape))
+        self.bias = Parameter(zeros(self.normalized_shape))
 
     def forward(self, x: Tensor) -> Tensor:
         k = len(self.normalized_shape)
@@ -87,13 +103,23 @@ class _BatchNorm(Module):
     channel (the unbiased variance divides by count - 1): fewer, as in a batch of one
     ``(1, C)`` sample, raise ``ValueError`` naming the layer and the input's shape,
     before any running average changes. Subclasses set ``input_ndims``.
+
+    The settings are checked when the layer is built (``TypeError`` or ``ValueError``
+    naming the value): ``num_features`` a whole number >= 1, ``eps`` a finite number
+    > 0, ``momentum`` a number in [0, 1]. PyTorch's ``momentum=None`` (a cumulative
+    average of every batch so far) is not implemented and raises ``TypeError`` saying so.
     """
 
     input_ndims: tuple[int, ...] = ()
 
     def __init__(self, num_features: int, eps: float = 1e-5, momentum: float = 0.1) -> None:
         super().__init__()
-        self.num_features, self.eps, self.momentum = num_features, eps, momentum
+        if momentum is None:
+            raise TypeError("momentum=None (PyTorch's cumulative moving average of every batch so far) is not "
+                            "supported by tinytrain: give a number in [0, 1], such as the default 0.1")
+        self.num_features = check_int("num_features", num_features, minimum=1)
+        self.eps = check_number("eps", eps, above=0)
+        self.momentum = check_number("momentum", momentum, minimum=0, maximum=1)
         self.weight = Parameter(ones(num_features))
         self.bias = Parameter(zeros(num_features))
         self.register_buffer("running_mean", zeros(num_features))
