@@ -146,17 +146,18 @@ def parse_device(device: str) -> tuple[str, int | None]:
 
     Raises ``TypeError`` when ``device`` is not a string, and ``ValueError`` for a
     malformed name or an unknown kind of device (naming the known kinds); every
-    message names the ``device`` it was given. The index after ``:`` is digits only
-    (``"cuda:0"``, ``"strict:00"``): ``"cuda:-1"`` and ``"cuda:1.5"`` are malformed.
+    message names the ``device`` it was given. The index after ``:`` is ASCII digits
+    only (``"cuda:0"``, ``"strict:00"``): ``"cuda:-1"``, ``"cuda:+1"``, ``"cuda: 1"``,
+    ``"cuda:1_0"`` and ``"cuda:"`` are malformed, although ``int()`` takes some of them.
     """
     if not isinstance(device, str):
         raise TypeError(f"a device is a string such as 'cpu' or 'cuda:0', got {device!r}")
-    kind, _, index = device.partition(":")
+    kind, colon, index = device.partition(":")
     if kind not in _FACTORIES:
         raise ValueError(f"unknown device {device!r}; known device kinds: {', '.join(sorted(_FACTORIES))}")
-    if not index:
+    if not colon:
         return kind, None
-    if not index.isdigit():
+    if not (index.isascii() and index.isdigit()):  # isdigit alone takes '²', which int() refuses
         raise ValueError(f"malformed device {device!r}: the index after ':' must be a non-negative integer")
     return kind, int(index)
 
@@ -167,8 +168,8 @@ def get_backend(device: str | Backend | None = None) -> Backend:
     Every spelling of one device gives the same object: ``"cpu"`` and ``"cpu:0"``
     (there is one CPU), ``"strict"``, ``"strict:0"`` and ``"strict:00"``.
     """
-    if isinstance(device, Backend):
-        return device
+    if isinstance(device, Backend) or (not isinstance(device, str) and device in _BACKENDS.values()):
+        return device  # the second test: a backend whose class comes from another copy of Backend (a notebook's)
     if device is None:
         device = "cpu"
     backend = _BACKENDS.get(device) if isinstance(device, str) else None  # parse_device names anything else

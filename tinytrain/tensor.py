@@ -365,12 +365,14 @@ def to_array(data: Any, dtype: Any = None, device: Any = None) -> tuple[Any, Bac
 
     ``device`` is a name (``"cuda:1"``) or a ``Backend`` object, as ``get_backend`` takes.
     """
+    fresh = False  # whether `array` is a new array that no one else holds
     if isinstance(data, Tensor):
         array, source, natural = data.data, data._backend, data.dtype
     else:
         source = backend_of_array(data)
         if source is None:
             array, source = np.asarray(data), get_backend("cpu")
+            fresh = array is not data and array.base is None  # a list's new array, not a view of a buffer
         else:
             array = data
         if array.dtype.kind not in "biuf":
@@ -378,9 +380,9 @@ def to_array(data: Any, dtype: Any = None, device: Any = None) -> tuple[Any, Bac
         natural = default_dtype(array.dtype)
     target = source if device is None else get_backend(device)
     if target is not source:
-        array = target.from_host(source.to_host(array))
+        array, fresh = target.from_host(source.to_host(array)), True
     converted = array.astype(natural if dtype is None else np.dtype(dtype), order="C", copy=False)
-    if converted is data or isinstance(data, Tensor) and converted is data.data:
+    if converted is array and not fresh:
         converted = converted.copy()
     return converted, target
 

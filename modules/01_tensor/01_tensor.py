@@ -216,18 +216,19 @@ def parse_device(device: str) -> tuple[str, int | None]:
 
     Raises ``TypeError`` when ``device`` is not a string, and ``ValueError`` for a
     malformed name or an unknown kind of device (naming the known kinds); every
-    message names the ``device`` it was given. The index after ``:`` is digits only
-    (``"cuda:0"``, ``"strict:00"``): ``"cuda:-1"`` and ``"cuda:1.5"`` are malformed.
+    message names the ``device`` it was given. The index after ``:`` is ASCII digits
+    only (``"cuda:0"``, ``"strict:00"``): ``"cuda:-1"``, ``"cuda:+1"``, ``"cuda: 1"``,
+    ``"cuda:1_0"`` and ``"cuda:"`` are malformed, although ``int()`` takes some of them.
     """
     ### BEGIN SOLUTION
     if not isinstance(device, str):
         raise TypeError(f"a device is a string such as 'cpu' or 'cuda:0', got {device!r}")
-    kind, _, index = device.partition(":")
+    kind, colon, index = device.partition(":")
     if kind not in _FACTORIES:
         raise ValueError(f"unknown device {device!r}; known device kinds: {', '.join(sorted(_FACTORIES))}")
-    if not index:
+    if not colon:
         return kind, None
-    if not index.isdigit():
+    if not (index.isascii() and index.isdigit()):  # isdigit alone takes '²', which int() refuses
         raise ValueError(f"malformed device {device!r}: the index after ':' must be a non-negative integer")
     return kind, int(index)
     ### END SOLUTION
@@ -239,8 +240,8 @@ def get_backend(device: str | Backend | None = None) -> Backend:
     Every spelling of one device gives the same object: ``"cpu"`` and ``"cpu:0"``
     (there is one CPU), ``"strict"``, ``"strict:0"`` and ``"strict:00"``.
     """
-    if isinstance(device, Backend):
-        return device
+    if isinstance(device, Backend) or (not isinstance(device, str) and device in _BACKENDS.values()):
+        return device  # the second test: a backend whose class comes from another copy of Backend (a notebook's)
     if device is None:
         device = "cpu"
     backend = _BACKENDS.get(device) if isinstance(device, str) else None  # parse_device names anything else
@@ -825,21 +826,27 @@ class Tensor:
 # 1. **Where is the data now?** A `Tensor` knows its backend; an array of some
 #    loaded backend (a NumPy array is on the CPU, a CuPy array on a GPU) is found
 #    by `backend_of_array`; anything else (a list, a number) is host data:
-#    `np.asarray` it and treat it as CPU data. Only numbers (bool, int, float
-#    kinds) can become tensors: anything else raises `TypeError` naming the
-#    dtype as NumPy prints it (`<U1` for strings).
-# 2. **Move it** if `device` names another backend: `target.from_host(source.to_host(array))`.
-# 3. **Cast it** to `dtype`, or to `default_dtype(...)` of the data's dtype when
-#    none is given (a tensor's own dtype is kept as it is), and row-major:
+#    `np.asarray` it and treat it as CPU data (a Python number too: `3.5` is
+#    float64 data, so it becomes float32). Whatever the source (a NumPy array,
+#    a device array or host data), only numbers (bool, int, float kinds) can
+#    become tensors: anything else (complex, strings) raises `TypeError` naming
+#    the dtype as NumPy prints it (`<U1` for strings).
+# 2. **Move it** if `device` names another backend (not the one it is on):
+#    `target.from_host(source.to_host(array))`.
+# 3. **Cast it** to `dtype` when one is given (a tensor's too), else to
+#    `default_dtype(...)` of the data's dtype (a tensor keeps its own), and row-major:
 #    `astype(..., order="C")`. A transposed array (`x.T`) is stored
 #    column-major, and arithmetic that mixes the two orders is several times
 #    slower (see `memory_order` above), so every new tensor starts row-major.
 #
-# The result must never share memory with the caller's array: if no step made a
+# The result must never share memory with the caller's data: if no step made a
 # copy, copy it — otherwise changing your NumPy array later would change the
 # tensor behind your back. Copy *only* then: a move to another device or a cast
 # already made a new array, and a second copy would double the memory and time
-# that converting a large tensor costs.
+# that converting a large tensor costs. Careful with step 1: `np.asarray` of a
+# list makes a new array, but of a `memoryview` (or another library's array) it
+# gives a *view* of the caller's memory — `array.base` is not `None` then — and
+# that view is still the caller's.
 
 # %% export="tensor"
 def to_array(data: Any, dtype: Any = None, device: Any = None) -> tuple[Any, Backend]:
@@ -848,12 +855,14 @@ def to_array(data: Any, dtype: Any = None, device: Any = None) -> tuple[Any, Bac
     ``device`` is a name (``"cuda:1"``) or a ``Backend`` object, as ``get_backend`` takes.
     """
     ### BEGIN SOLUTION
+    fresh = False  # whether `array` is a new array that no one else holds
     if isinstance(data, Tensor):
         array, source, natural = data.data, data._backend, data.dtype
     else:
         source = backend_of_array(data)
         if source is None:
             array, source = np.asarray(data), get_backend("cpu")
+            fresh = array is not data and array.base is None  # a list's new array, not a view of a buffer
         else:
             array = data
         if array.dtype.kind not in "biuf":
@@ -861,9 +870,9 @@ def to_array(data: Any, dtype: Any = None, device: Any = None) -> tuple[Any, Bac
         natural = default_dtype(array.dtype)
     target = source if device is None else get_backend(device)
     if target is not source:
-        array = target.from_host(source.to_host(array))
+        array, fresh = target.from_host(source.to_host(array)), True
     converted = array.astype(natural if dtype is None else np.dtype(dtype), order="C", copy=False)
-    if converted is data or isinstance(data, Tensor) and converted is data.data:
+    if converted is array and not fresh:
         converted = converted.copy()
     return converted, target
     ### END SOLUTION

@@ -8,6 +8,7 @@ import tracemalloc
 
 import numpy as np
 
+from tinytrain.testing.strict import host_reads
 from tinytrain.course.checks import check, expect_close, expect_equal, expect_raises
 
 
@@ -24,7 +25,9 @@ def test_parse_device(student):
                       "kinds) or TypeError naming a device that is not a string")
 def test_parse_device_errors(student):
     expect_raises(ValueError, lambda: student.parse_device("tpu"), "parse_device('tpu')", mentions=("tpu", "cpu"))
-    for malformed in ("cuda:x", "cuda:-1", "cuda:1.5"):
+    expect_raises(ValueError, lambda: student.parse_device("tpu:3"), "parse_device('tpu:3')",
+                  mentions=("tpu:3", "cpu"))
+    for malformed in ("cuda:x", "cuda:-1", "cuda:1.5", "cuda:+1", "cuda: 1", "cuda:1_0", "cuda:\u00b2", "cuda:"):
         expect_raises(ValueError, lambda: student.parse_device(malformed), f"parse_device({malformed!r})",
                       mentions=(malformed,))
     expect_raises(TypeError, lambda: student.parse_device(3.25), "parse_device(3.25)", mentions=("3.25",))
@@ -61,13 +64,15 @@ def test_get_backend_caches(student):
 
 @check(points=1, hint="float64 -> float32, any int/uint -> int64, everything else (float16/32, bool) unchanged")
 def test_default_dtype(student):
-    rules = {"float64": "float32", "float32": "float32", "float16": "float16", "int8": "int64",
-             "uint8": "int64", "int32": "int64", "int64": "int64", "bool": "bool"}
+    rules = {"float64": "float32", "float32": "float32", "float16": "float16", "int8": "int64", "int16": "int64",
+             "uint8": "int64", "uint32": "int64", "uint64": "int64", "int32": "int64", "int64": "int64",
+             "bool": "bool"}
     for given, expected in rules.items():
         expect_equal(student.default_dtype(np.dtype(given)), np.dtype(expected), f"default_dtype({given})")
 
 
-@check(points=1, hint="to_array casts to dtype, else to default_dtype of the data's dtype; a Tensor keeps its dtype",
+@check(points=1, hint="to_array casts to dtype when one is given (a Tensor too), else to default_dtype of the data's "
+                      "dtype (a Python number too: 3.5 is float64 data); a Tensor without dtype= keeps its own",
        after="test_default_dtype")
 def test_to_array_dtypes(student):
     array, backend = student.to_array([[1.0, 2.0]])
@@ -80,6 +85,10 @@ def test_to_array_dtypes(student):
     expect_equal(student.to_array([1, 2], dtype="float64")[0].dtype, np.dtype("float64"),
                  "to_array([1, 2], dtype='float64') dtype")
     expect_equal(student.to_array(3.5)[0].shape, (), "to_array(3.5) shape")
+    expect_equal(student.to_array(3.5)[0].dtype, np.dtype("float32"), "to_array(3.5) dtype")
+    expect_equal(student.to_array(7)[0].dtype, np.dtype("int64"), "to_array(7) dtype")
+    expect_equal(student.to_array(student.Tensor([1.0]), dtype="float64")[0].dtype, np.dtype("float64"),
+                 "to_array(float32 Tensor, dtype='float64') dtype (dtype= applies to a Tensor too)")
     half = student.Tensor(np.zeros(2, dtype=np.float16))
     expect_equal(student.to_array(half)[0].dtype, np.dtype("float16"), "to_array(float16 Tensor) dtype")
     wide = student.Tensor(np.zeros(2), dtype="float64")
@@ -114,12 +123,24 @@ def test_to_array_copies(student):
     tensor = student.Tensor(source)
     source[0] = 5.0
     expect_equal(tensor.numpy(), np.ones(3, dtype=np.float32), "Tensor(array) after the array changed")
+    source = np.ones(3, dtype=np.float32)
+    tensor = student.Tensor(memoryview(source))  # np.asarray gives a view of source's memory
+    source[0] = 5.0
+    expect_equal(tensor.numpy(), np.ones(3, dtype=np.float32), "Tensor(memoryview(array)) after the array changed")
     # a move between devices is a copy already: a second one would double the memory of a large tensor
+    # a cast copies, and so does a move between devices: a second copy would double the memory of a large tensor
     big = np.ones((256, 512), dtype=np.float32)
     student.get_backend("strict")
     for what, data, device in (("to_array(a 512 KiB float32 array, device='strict')", big, "strict"),
                                ("to_array(a 512 KiB strict tensor, device='cpu')",
-                                student.Tensor(big, device="strict"), "cpu")):
+                                student.Tensor(big, device="strict"), "cpu"),
+                               ("to_array(a 1 MiB float64 array), cast to 512 KiB of float32", big.astype(np.float64),
+                                None),
+                               ("to_array(a list of 65536 ints): np.asarray makes the only array needed",
+                                list(range(65536)), None),
+                               ("to_array(a 512 KiB strict tensor, device='strict'), already there",
+                                student.Tensor(big, device="strict"), "strict")):
+        reads = host_reads()
         tracemalloc.start()
         try:
             array, _ = student.to_array(data, device=device)
@@ -128,6 +149,8 @@ def test_to_array_copies(student):
             tracemalloc.stop()
         assert peak < 1.5 * big.nbytes, f"{what}: expected one copy of {big.nbytes} bytes at most, got a peak of " \
                                         f"{peak} bytes allocated (copied twice?)"
+        if device == "strict" and not isinstance(data, np.ndarray):
+            expect_equal(host_reads() - reads, 0, f"host reads in {what} (no move to the device it is on)")
 
 
 @check(points=1, hint="to_array moves data with target.from_host(source.to_host(array)); non-numbers raise TypeError "
@@ -148,6 +171,12 @@ def test_to_array_devices_and_errors(student):
         f"{type(again).__name__} and {same!r}"
     expect_equal(back, np.array([1.0, 2.0], dtype=np.float32), "to_array(strict tensor, device='cpu')")
     expect_raises(TypeError, lambda: student.to_array(["a", "b"]), "to_array(['a', 'b'])", mentions=("<U1",))
+    expect_raises(TypeError, lambda: student.to_array(np.array(["a"])), "to_array(np.array(['a']))", mentions=("<U1",))
+    expect_raises(TypeError, lambda: student.to_array(np.array([1 + 2j])), "to_array(np.array([1 + 2j]))",
+                  mentions=("complex128",))
+    strict_tensor = student.Tensor([1.0, 2.0], device="strict")
+    expect_equal((strict_tensor + [1.0, 2.0]).numpy(), np.array([2.0, 4.0], np.float32),
+                 "Tensor([1.0, 2.0], device='strict') + [1.0, 2.0] (the list goes to the tensor's device, a Backend)")
 
 
 @check(points=1, hint="Tensor(data) takes its array and backend from to_array: shape, dtype, device and item()",
@@ -181,8 +210,12 @@ def test_zeros_ones(student):
         expect_close(got, expected, what, dtype=expected.dtype)
     expect_equal(student.zeros(2, requires_grad=True).requires_grad, True, "zeros(2, requires_grad=True).requires_grad")
     expect_equal(student.ones(2).requires_grad, False, "ones(2).requires_grad")
-    expect_equal(student.ones(3, device="strict").device, "strict:0", "ones(3, device='strict').device")
-    expect_equal(student.zeros(3, device="strict").device, "strict:0", "zeros(3, device='strict').device")
+    strict = student.get_backend("strict")
+    for name in ("zeros", "ones"):
+        made = getattr(student, name)(3, device="strict")
+        expect_equal(made.device, "strict:0", f"{name}(3, device='strict').device")
+        assert strict.is_array(made.data), f"{name}(3, device='strict').data: expected an array of the strict " \
+                                           f"device (made with the backend's xp), got {type(made.data).__name__}"
 
 
 @check(points=2, hint="randn/rand draw from the backend's generator (random_normal/random_uniform with the shape and "
@@ -212,5 +245,13 @@ def test_randn_rand(student):
     expect_close(wide.mean(), 0.5, "rand(20000, dtype='float64').mean()", atol=0.05)
     expect_equal(student.rand(2, requires_grad=True).requires_grad, True, "rand(2, requires_grad=True).requires_grad")
     expect_equal(student.randn(2, requires_grad=True).requires_grad, True, "randn(2, requires_grad=True).requires_grad")
-    expect_equal(student.randn(2, device="strict").device, "strict:0", "randn(2, device='strict').device")
-    expect_equal(student.rand(2, device="strict").device, "strict:0", "rand(2, device='strict').device")
+    student.manual_seed(0)
+    one, two = student.randn(3).numpy(), student.randn(3).numpy()
+    assert not np.array_equal(one, two), f"two randn(3) after one manual_seed(0): expected different draws (the " \
+                                         f"generator goes on), got {one} twice"
+    strict = student.get_backend("strict")
+    for name in ("randn", "rand"):
+        made = getattr(student, name)(2, device="strict")
+        expect_equal(made.device, "strict:0", f"{name}(2, device='strict').device")
+        assert strict.is_array(made.data), f"{name}(2, device='strict').data: expected an array of the strict " \
+                                           f"device (from its generator), got {type(made.data).__name__}"

@@ -5,7 +5,7 @@ def parse_device(device):
     if not isinstance(device, str):
         raise TypeError(f"a device name must be a string such as 'cpu' or 'cuda:0', got {device!r}")
     kind, colon, index_text = device.partition(":")
-    if not kind or (colon and not index_text.isdigit()):
+    if not kind or (colon and not (index_text.isascii() and index_text.isdigit())):
         raise ValueError(f"malformed device name {device!r}: expected 'kind' or 'kind:index', e.g. 'cpu' or 'cuda:1'")
     if kind not in _FACTORIES:
         raise ValueError(f"unknown device {device!r}; available kinds: {', '.join(sorted(_FACTORIES))}")
@@ -41,6 +41,7 @@ def default_dtype(dtype):
 
 def to_array(data, dtype=None, device=None):
     # 1. where is the data now?
+    owned = False  # True once some step made an array that only we hold
     if isinstance(data, Tensor):
         array, source = data.data, data._backend
     else:
@@ -49,14 +50,14 @@ def to_array(data, dtype=None, device=None):
             array = data
         else:
             array = np.asarray(data)
+            owned = array is not data and array.base is None  # a list became a new array; a memoryview, a view
             source = get_backend("cpu")
     if array.dtype.kind not in "biuf":
         raise TypeError(f"only bool, integer and float data can become a tensor, got dtype {array.dtype}")
-    original = array
     # 2. move it
     target = source if device is None else get_backend(device)
     if target is not source:
-        array = target.from_host(source.to_host(array))
+        array, owned = target.from_host(source.to_host(array)), True
     # 3. cast it, row-major
     if dtype is not None:
         dtype = np.dtype(dtype)
@@ -64,9 +65,10 @@ def to_array(data, dtype=None, device=None):
         dtype = array.dtype
     else:
         dtype = default_dtype(array.dtype)
-    array = array.astype(dtype, order="C", copy=False)
-    if array is original:  # no step made a copy
-        array = array.copy()
+    cast = array.astype(dtype, order="C", copy=False)
+    if cast is array and not owned:  # no step made a copy
+        cast = cast.copy()
+    array = cast
     return array, target
 
 
