@@ -425,8 +425,8 @@ class SGD(Optimizer):
         """One SGD step on the array ``param``, in place (``grad`` is left untouched).
 
         With ``group``'s ``lr``, ``momentum``, ``nesterov`` and ``weight_decay``:
-        ``g += weight_decay * param``; with momentum ``b = momentum * b + g`` (in
-        place on ``state["momentum_buffer"]``) and ``d = g + momentum * b``
+        ``g = grad + weight_decay * param`` (a new array); with momentum
+        ``b = momentum * b + g`` (in place on ``state["momentum_buffer"]``) and ``d = g + momentum * b``
         (Nesterov) or ``d = b``; without, ``d = g``. Then ``param -= lr * d``.
         Keeps no state but the momentum buffer (section 9 counts every array in ``state``).
         """
@@ -499,7 +499,9 @@ class Adam(Optimizer):
         ``v = state["exp_avg_sq"]`` in place (``m = b1 m + (1 - b1) g``,
         ``v = b2 v + (1 - b2) g^2``); then
         ``param -= lr * (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps)``.
-        Keeps no state but these three entries.
+        Keeps no state but these three entries. Computes in the parameter's dtype
+        (float64 stays float64) and reads nothing from the device: the bias
+        corrections are Python numbers (``**`` and ``math.sqrt``, not ``xp.power``).
         """
         beta1, beta2 = group["betas"]
         state["step"] += 1

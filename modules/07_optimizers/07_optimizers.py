@@ -123,7 +123,9 @@ plt.show()
 #   in one in-place operation would run up to 40x slower;
 # * in `step()`, skips every parameter whose `.grad` is `None` (a layer that took
 #   no part in this loss: it does not move, and its state does not change), and
-#   calls `update(param, grad, state, group, xp)` for the others. `param` and
+#   calls `update(param, grad, state, group, xp)` for the others — an all-zero
+#   gradient too: it is still a step (momentum keeps moving the weight, Adam's
+#   $t$ counts it and its moments decay). `param` and
 #   `grad` are the raw backend arrays, `group` the parameter's group — read every
 #   hyperparameter from it, `group["lr"]`, never from the optimizer — and `xp`
 #   the arrays' namespace (NumPy on the CPU, CuPy on a GPU), so one `update`
@@ -641,8 +643,8 @@ class SGD(Optimizer):
         """One SGD step on the array ``param``, in place (``grad`` is left untouched).
 
         With ``group``'s ``lr``, ``momentum``, ``nesterov`` and ``weight_decay``:
-        ``g += weight_decay * param``; with momentum ``b = momentum * b + g`` (in
-        place on ``state["momentum_buffer"]``) and ``d = g + momentum * b``
+        ``g = grad + weight_decay * param`` (a new array); with momentum
+        ``b = momentum * b + g`` (in place on ``state["momentum_buffer"]``) and ``d = g + momentum * b``
         (Nesterov) or ``d = b``; without, ``d = g``. Then ``param -= lr * d``.
         Keeps no state but the momentum buffer (section 9 counts every array in ``state``).
         """
@@ -836,7 +838,9 @@ class Adam(Optimizer):
         ``v = state["exp_avg_sq"]`` in place (``m = b1 m + (1 - b1) g``,
         ``v = b2 v + (1 - b2) g^2``); then
         ``param -= lr * (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps)``.
-        Keeps no state but these three entries.
+        Keeps no state but these three entries. Computes in the parameter's dtype
+        (float64 stays float64) and reads nothing from the device: the bias
+        corrections are Python numbers (``**`` and ``math.sqrt``, not ``xp.power``).
         """
         ### BEGIN SOLUTION
         beta1, beta2 = group["betas"]

@@ -7,6 +7,7 @@ the ``student`` fixture; tensors come from the package.
 import numpy as np
 
 import tinytrain as tt
+from tinytrain.testing.strict import host_reads
 from tinytrain.course.checks import check, expect_close, expect_equal
 
 START = np.array([1.0, -2.0, 0.5, 3.0], dtype=np.float32)
@@ -14,6 +15,8 @@ GRADS = np.array(
     [[0.5, -1.0, 2.0, 1e-3], [0.4, 0.8, -2.0, 1e-3], [-0.1, 0.6, 1.5, 5.0], [0.3, -0.2, 0.0, -4.0]],
     dtype=np.float32,
 )
+
+PAUSED = np.concatenate([GRADS[:2], np.zeros((1, 4), np.float32), GRADS[2:]])  # an all-zero gradient is still a step
 
 
 def run(optimizer_class, grads=GRADS, start=START, **settings):
@@ -100,6 +103,10 @@ def test_sgd_momentum_and_nesterov(student):
     values, _, _ = run(student.SGD, lr=0.05, momentum=0.8, nesterov=True)
     expect_close(values, numpy_sgd(0.05, momentum=0.8, nesterov=True),
                  "SGD(lr=0.05, momentum=0.8, nesterov=True): the parameter after each step", atol=1e-5)
+    values, _, _ = run(student.SGD, grads=PAUSED, lr=0.1, momentum=0.9)
+    expect_close(values, numpy_sgd(0.1, momentum=0.9, grads=PAUSED), "SGD(lr=0.1, momentum=0.9): the parameter "
+                 "after each step, the 3rd gradient all zeros (a zero gradient is still a step: the buffer decays "
+                 "and keeps moving the weight)", atol=1e-5)
     for nesterov in (False, True):
         expect_state_in_place(student.SGD, ["momentum_buffer"], lr=0.1, momentum=0.9, nesterov=nesterov)
 
@@ -113,6 +120,10 @@ def test_sgd_weight_decay(student):
     values, _, _ = run(student.SGD, lr=0.1, momentum=0.9, weight_decay=0.01)
     expect_close(values, numpy_sgd(0.1, momentum=0.9, weight_decay=0.01),
                  "SGD(lr=0.1, momentum=0.9, weight_decay=0.01): the parameter after each step", atol=1e-5)
+    values, _, _ = run(student.SGD, lr=0.1, momentum=0.9, nesterov=True, weight_decay=0.1)
+    expect_close(values, numpy_sgd(0.1, momentum=0.9, nesterov=True, weight_decay=0.1),
+                 "SGD(lr=0.1, momentum=0.9, nesterov=True, weight_decay=0.1): the parameter after each step (Nesterov's "
+                 "g + momentum * buf uses the decayed g)", atol=1e-5)
 
 
 # -- Adam and AdamW --------------------------------------------------------------------------
@@ -122,6 +133,16 @@ def test_sgd_weight_decay(student):
 def test_adam_steps(student):
     values, _, optimizer = run(student.Adam, lr=0.01)
     expect_close(values, numpy_adam(0.01), "Adam(lr=0.01): the parameter after each step", atol=1e-6)
+    values, _, _ = run(student.Adam, grads=PAUSED, lr=0.1)
+    expect_close(values, numpy_adam(0.1, grads=PAUSED), "Adam(lr=0.1): the parameter after each step, the 3rd "
+                 "gradient all zeros (a zero gradient is still a step: t counts it, the moments decay)", atol=1e-5)
+    param = tt.tensor(START, dtype="float64", requires_grad=True)
+    wide = student.Adam([param], lr=0.01)
+    for g in GRADS.astype(np.float64):
+        param.grad = tt.tensor(g, dtype="float64")
+        wide.step()
+    expect_close(param.numpy(), numpy_adam(0.01)[-1], "Adam(lr=0.01) of a float64 parameter after 4 steps "
+                 "(computed in the parameter's dtype)", rtol=1e-12, atol=1e-14, dtype="float64")
     values, _, _ = run(student.Adam, lr=0.05, betas=(0.8, 0.9), eps=1e-3)
     expect_close(values, numpy_adam(0.05, betas=(0.8, 0.9), eps=1e-3),
                  "Adam(lr=0.05, betas=(0.8, 0.9), eps=1e-3): the parameter after each step", atol=1e-6)
@@ -236,8 +257,8 @@ def test_state_holds_only_its_own_entries(student):
         assert got == keys, f"{optimizer_class.__name__}({settings}): expected state {sorted(keys)}, got {sorted(got)}"
 
 
-@check(points=1, hint="update() computes with the xp it is given (NumPy on the CPU, CuPy on a GPU) and keeps "
-                      "every array on the parameter's device")
+@check(points=1, hint="update() computes with the xp it is given (NumPy on the CPU, CuPy on a GPU), keeps "
+                      "every array on the parameter's device and reads nothing back from it")
 def test_optimizers_run_on_another_device(student):
     for optimizer_class, settings in ((student.SGD, {"lr": 0.1, "momentum": 0.9, "weight_decay": 0.01}),
                                       (student.Adam, {"lr": 0.01, "weight_decay": 0.01}),
@@ -248,11 +269,14 @@ def test_optimizers_run_on_another_device(student):
             optimizer = optimizer_class([param], **settings)
             for g in GRADS:
                 param.grad = tt.tensor(g, device=device)
+                reads = host_reads()
                 try:
                     optimizer.step()
                 except TypeError as error:
                     raise AssertionError(f"{optimizer_class.__name__}({settings}).step() on the {device!r} device: "
                                          f"expected it to compute with xp, got TypeError: {error}") from None
+                expect_equal(host_reads() - reads, 0, f"host reads in {optimizer_class.__name__}({settings}).step() "
+                             f"on the {device!r} device (the bias corrections are Python numbers: ** and math.sqrt)")
             values[device] = param.numpy()
         expect_close(values["strict"], values["cpu"], f"{optimizer_class.__name__}({settings}) on the strict device "
                      "(compared with the cpu)", rtol=1e-6)
