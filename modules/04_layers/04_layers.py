@@ -56,7 +56,7 @@ from tinytrain import Tensor
 # * a **`Parameter`** is a tensor that marks itself as "a weight to train";
 # * assigning a `Parameter` or another `Module` to an attribute of a module
 #   (`self.weight = Parameter(...)`, `self.encoder = Linear(...)`) *registers* it,
-#   in the order of assignment;
+#   in the order of assignment (re-assigning a name keeps its place, as in PyTorch);
 # * `parameters()` then walks the tree of sub-modules and returns every parameter
 #   exactly once — also when one layer is used twice (*weight sharing*);
 # * the same walk gives `named_parameters()` (names like `layers.0.weight`),
@@ -172,16 +172,21 @@ class Module:
         A ``Tensor`` or ``None`` assigned to the name of a registered buffer replaces
         the buffer, which stays registered (also while it is ``None``); a plain
         ``Tensor`` assigned to any other name is an ordinary attribute, not a buffer
-        (only ``register_buffer`` makes one). Assigning anything before
-        ``Module.__init__`` ran (the registries do not exist yet) raises
-        ``AttributeError`` telling to call ``super().__init__()`` first.
+        (only ``register_buffer`` makes one). Assigning a ``Parameter``, a ``Module``
+        or a ``Tensor`` before ``Module.__init__`` ran (the registries do not exist
+        yet) raises ``AttributeError`` telling to call ``super().__init__()`` first;
+        any other value is then an ordinary attribute, as in PyTorch. Re-assigning a
+        registered name keeps its place in the registration order.
         """
         ### BEGIN SOLUTION
         if "_parameters" not in self.__dict__:
-            raise AttributeError(
-                f"cannot assign {name!r} before Module.__init__() ran: call super().__init__() first "
-                f"in {type(self).__name__}.__init__"
-            )
+            if isinstance(value, (Parameter, Module, Tensor)):
+                raise AttributeError(
+                    f"cannot assign {name!r} before Module.__init__() ran: call super().__init__() first "
+                    f"in {type(self).__name__}.__init__"
+                )
+            object.__setattr__(self, name, value)
+            return
         if isinstance(value, Parameter):
             home = self._parameters
         elif isinstance(value, Module):
@@ -326,17 +331,20 @@ class Module:
         """Move (and/or cast) every parameter, gradient and buffer in place; returns ``self``.
 
         The tensor objects stay the same, so an optimizer built on ``parameters()``
-        before the move keeps working. ``dtype`` applies to floating-point tensors only;
-        without it no dtype changes. An unknown ``dtype``, or one that is not floating
-        point (``"int32"``, ``"bool"``, complex: PyTorch takes complex ones, tinytrain has
-        none), raises ``TypeError`` naming it before anything moves (the given first lines).
+        before the move keeps working, and every array keeps its memory order
+        (``Linear``'s column-major weight stays column-major). ``dtype`` applies to
+        floating-point tensors only; without it no dtype changes. An unknown ``dtype``,
+        or one that is not floating point (``"int32"``, ``"bool"``, complex: PyTorch takes
+        complex ones, tinytrain has none), raises ``TypeError`` naming it before anything
+        moves (the given first lines, which also make ``dtype`` a NumPy dtype).
         """
-        if dtype is not None and np.dtype(dtype).kind != "f":
-            raise TypeError(f"{type(self).__name__}.to: dtype must be a floating-point dtype (float16, float32 or "
-                            f"float64), got dtype={np.dtype(dtype)}; a module's parameters stay floating point")
+        if dtype is not None:
+            dtype = np.dtype(dtype)  # TypeError for an unknown dtype
+            if dtype.kind != "f":
+                raise TypeError(f"{type(self).__name__}.to: dtype must be a floating-point dtype (float16, float32 "
+                                f"or float64), got dtype={dtype}; a module's parameters stay floating point")
         ### BEGIN SOLUTION
         target = None if device is None else get_backend(device)
-        dtype = None if dtype is None else np.dtype(dtype)
         for tensor in self.parameters() + self.buffers():
             for t in (tensor, tensor.grad):
                 if t is None:
@@ -468,7 +476,8 @@ assert model.modules()[0] is model and model.children() == [model.first, model.l
 assert [name for name, _ in model.named_buffers()] == ["first.calls", "last.calls"]
 assert model.num_parameters() == 2
 model.first = Scale(3.0)  # re-assigning replaces the registration
-assert model.parameters()[0].item() == 3.0 and len(model.parameters()) == 3
+assert model.parameters()[0].item() == 3.0 and len(model.parameters()) == 3, \
+    "model.first = Scale(3.0) keeps 'first' in its place: its factor first, 3 parameters in all"
 try:
     class Forgot(Module):
         def __init__(self):
@@ -634,8 +643,11 @@ class LinearFunction(Function):
     def backward(self, grad: Any) -> tuple:
         """Gradients for ``x``, ``weight`` (and ``bias``): ``G W``, ``G^T X``, row sums of ``G``.
 
-        One gradient per input: two without a bias. Each has ``grad``'s dtype, and the
-        weight's gradient the weight's memory order (written into ``xp.empty_like(weight)``).
+        One gradient per input: two without a bias (``len(self.inputs)`` is 2), and
+        ``None`` for ``x`` or ``weight`` when that input needs none
+        (``self.inputs[i].requires_grad``: the first layer skips ``G W``). The weight's
+        gradient is written into ``xp.empty_like(weight)``, so it has the weight's dtype
+        and memory order (the others come out in ``grad``'s dtype).
         """
         ### BEGIN SOLUTION
         x, weight, xp = self.x, self.weight, self.xp

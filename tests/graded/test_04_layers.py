@@ -39,8 +39,9 @@ def _names(pairs):
 
 @check(points=2, hint="__setattr__ files a Parameter under _parameters, a Module under _modules, a Tensor (or None) for a "
                       "registered buffer under _buffers; anything else (a plain Tensor too) is an ordinary attribute; "
-                      "re-assigning moves it; before Module.__init__ ran, raise AttributeError saying to call "
-                      "super().__init__() first")
+                      "assigning to a registered name moves it to the value's registry (and out of the others) or "
+                      "keeps its place in the order; before Module.__init__ ran, assigning a Parameter, Module or "
+                      "Tensor raises AttributeError saying to call super().__init__() first (a plain value is fine)")
 def test_setattr_registers(student):
     root = _tree(student)
     expect_equal(list(root._parameters), ["scale"], "root._parameters after __init__")
@@ -69,6 +70,14 @@ def test_setattr_registers(student):
     root.second = None
     assert "second" not in root._modules or root._modules["second"] is None, \
         f"root.second = None: expected no module 'second', got {root._modules['second']!r}"
+    root = _tree(student)
+    root.first = _tree(student).first  # a new module under a registered name keeps the name's place
+    expect_equal(list(root._modules), ["first", "second", "again"], "root._modules after root.first = another Leaf")
+    root.first = student.Parameter(np.zeros(3, dtype=np.float32))  # a module's name becomes a parameter's
+    expect_equal(("first" in root._modules, "first" in root._parameters), (False, True),
+                 "('first' in _modules, 'first' in _parameters) after root.first = Parameter(...)")
+    expect_equal(_names(root.named_parameters()), ["scale", "first", "second.w", "again.w"],
+                 "named_parameters() after root.first (a Leaf) became a Parameter")
 
     class Early(student.Module):
         def __init__(self):
@@ -77,6 +86,24 @@ def test_setattr_registers(student):
 
     expect_raises(AttributeError, Early, "assigning a Parameter before super().__init__()",
                   mentions=("super().__init__()",))
+
+    class EarlyTensor(student.Module):
+        def __init__(self):
+            self.cache = tt.zeros(2)  # a tensor before super().__init__()
+            super().__init__()
+
+    expect_raises(AttributeError, EarlyTensor, "assigning a Tensor before super().__init__()",
+                  mentions=("super().__init__()",))
+
+    class EarlyNumber(student.Module):
+        def __init__(self):
+            self.size = 3  # a plain value before super().__init__(): allowed, as in PyTorch
+            super().__init__()
+            self.w = student.Parameter([1.0])
+
+    early = EarlyNumber()
+    expect_equal((early.size, _names(early.named_parameters())), (3, ["w"]),
+                 "(size, parameter names) of a module that set size = 3 before super().__init__()")
 
 
 @check(points=2, hint="named_modules walks depth first, children in registration order, each module once, names dotted",
@@ -95,6 +122,12 @@ def test_named_modules(student):
     deep.a.inner = student.Module()
     expect_equal(_names(deep.named_modules()), ["", "a", "a.inner", "b"],
                  "named_modules() of a root with children a (which has a child inner) and b: depth first")
+    shared = student.Module()
+    outer = student.Module()
+    outer.first, outer.box = shared, student.Module()
+    outer.box.again = shared  # the same module one level down: still once in the whole tree
+    expect_equal(_names(outer.named_modules()), ["", "first", "box"],
+                 "named_modules() of a root whose child 'first' is also its grandchild 'box.again' (once in the tree)")
 
 
 @check(points=2, hint="to(device, dtype) changes every parameter, gradient and buffer in place (same objects), on its "
@@ -123,6 +156,18 @@ def test_to_device_and_dtype(student):
     expect_equal(root.first.count.dtype, np.dtype(np.int64), "an integer buffer's dtype after to(dtype='float64')")
     expect_equal(weight.numpy(), np.array([0.0, 1.0]), "weight values after the moves")
 
+    layer = student.Module()
+    layer.weight = student.Parameter(np.arange(6, dtype=np.float32).reshape(3, 2))
+    layer.weight.data = layer.weight.data.T  # column-major, as Linear's weight (a new Tensor is row-major)
+    layer.register_buffer("running_mean", tt.zeros(3))
+    buffer = layer.running_mean
+    layer.to("strict", dtype="float64")
+    assert layer.running_mean is buffer, "to('strict', dtype='float64'): expected the same buffer object, got a new one"
+    expect_equal((buffer.device, buffer.dtype), ("strict:0", np.dtype(np.float64)),
+                 "a float32 buffer's (device, dtype) after to('strict', dtype='float64')")
+    expect_equal(memory_order(layer.weight.data), "F", "the memory order of a column-major weight after "
+                 "to('strict', dtype='float64') (arrays keep theirs)")
+
 
 @check(points=2, hint="state_dict: every parameter and buffer by dotted name, as detached copies on their device",
        after="test_named_modules")
@@ -136,6 +181,14 @@ def test_state_dict(student):
     assert not np.shares_memory(copy.data, root.first.w.data), "state_dict() must copy: it shares memory with first.w"
     root.first.w.data[0] = 42.0
     expect_equal(copy.numpy()[0], np.float32(0.0), "the saved first.w[0] after the model's changed to 42")
+    root.first.count.data[...] = 7
+    expect_equal(state["first.count"].numpy(), np.array(0), "the saved first.count after the model's changed to 7 "
+                 "(buffers are copied too)")
+    root.to("strict", dtype="float64")
+    state = root.state_dict()
+    expect_equal((state["first.w"].device, state["first.w"].dtype), ("strict:0", np.dtype(np.float64)),
+                 "(device, dtype) of state_dict()['first.w'] of a float64 model on 'strict' (copies stay where and "
+                 "what they are)")
 
 
 @check(points=2, hint="load_state_dict copies values (tensors, arrays, lists, numbers) into the existing arrays; "
@@ -166,6 +219,9 @@ def test_load_state_dict(student):
                   "raises always)", mentions=("first.w", "(2,)", "(5,)"))
     expect_raises(RuntimeError, lambda: root.load_state_dict({**state, "second.w": np.ones(9)}),
                   "load_state_dict with a bad shape for 'second.w' only", mentions=("second.w",))
+    expect_raises(RuntimeError, lambda: root.load_state_dict({**state, "second.w": np.ones(1)}),
+                  "load_state_dict with 'second.w' of shape (1,) for a (3,) parameter (shapes must be equal, not "
+                  "broadcastable)", mentions=("second.w", "(3,)", "(1,)"))
     expect_equal(root.first.w.numpy(), np.array([1.0, 2.0], dtype=np.float32), "first.w after a load that raised on "
                  "a later key, second.w (check every value before copying any)")
 

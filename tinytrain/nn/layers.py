@@ -33,8 +33,11 @@ class LinearFunction(Function):
     def backward(self, grad: Any) -> tuple:
         """Gradients for ``x``, ``weight`` (and ``bias``): ``G W``, ``G^T X``, row sums of ``G``.
 
-        One gradient per input: two without a bias. Each has ``grad``'s dtype, and the
-        weight's gradient the weight's memory order (written into ``xp.empty_like(weight)``).
+        One gradient per input: two without a bias (``len(self.inputs)`` is 2), and
+        ``None`` for ``x`` or ``weight`` when that input needs none
+        (``self.inputs[i].requires_grad``: the first layer skips ``G W``). The weight's
+        gradient is written into ``xp.empty_like(weight)``, so it has the weight's dtype
+        and memory order (the others come out in ``grad``'s dtype).
         """
         x, weight, xp = self.x, self.weight, self.xp
         grad_x = grad @ weight if self.inputs[0].requires_grad else None

@@ -97,15 +97,20 @@ class Module:
         A ``Tensor`` or ``None`` assigned to the name of a registered buffer replaces
         the buffer, which stays registered (also while it is ``None``); a plain
         ``Tensor`` assigned to any other name is an ordinary attribute, not a buffer
-        (only ``register_buffer`` makes one). Assigning anything before
-        ``Module.__init__`` ran (the registries do not exist yet) raises
-        ``AttributeError`` telling to call ``super().__init__()`` first.
+        (only ``register_buffer`` makes one). Assigning a ``Parameter``, a ``Module``
+        or a ``Tensor`` before ``Module.__init__`` ran (the registries do not exist
+        yet) raises ``AttributeError`` telling to call ``super().__init__()`` first;
+        any other value is then an ordinary attribute, as in PyTorch. Re-assigning a
+        registered name keeps its place in the registration order.
         """
         if "_parameters" not in self.__dict__:
-            raise AttributeError(
-                f"cannot assign {name!r} before Module.__init__() ran: call super().__init__() first "
-                f"in {type(self).__name__}.__init__"
-            )
+            if isinstance(value, (Parameter, Module, Tensor)):
+                raise AttributeError(
+                    f"cannot assign {name!r} before Module.__init__() ran: call super().__init__() first "
+                    f"in {type(self).__name__}.__init__"
+                )
+            object.__setattr__(self, name, value)
+            return
         if isinstance(value, Parameter):
             home = self._parameters
         elif isinstance(value, Module):
@@ -247,16 +252,19 @@ class Module:
         """Move (and/or cast) every parameter, gradient and buffer in place; returns ``self``.
 
         The tensor objects stay the same, so an optimizer built on ``parameters()``
-        before the move keeps working. ``dtype`` applies to floating-point tensors only;
-        without it no dtype changes. An unknown ``dtype``, or one that is not floating
-        point (``"int32"``, ``"bool"``, complex: PyTorch takes complex ones, tinytrain has
-        none), raises ``TypeError`` naming it before anything moves (the given first lines).
+        before the move keeps working, and every array keeps its memory order
+        (``Linear``'s column-major weight stays column-major). ``dtype`` applies to
+        floating-point tensors only; without it no dtype changes. An unknown ``dtype``,
+        or one that is not floating point (``"int32"``, ``"bool"``, complex: PyTorch takes
+        complex ones, tinytrain has none), raises ``TypeError`` naming it before anything
+        moves (the given first lines, which also make ``dtype`` a NumPy dtype).
         """
-        if dtype is not None and np.dtype(dtype).kind != "f":
-            raise TypeError(f"{type(self).__name__}.to: dtype must be a floating-point dtype (float16, float32 or "
-                            f"float64), got dtype={np.dtype(dtype)}; a module's parameters stay floating point")
+        if dtype is not None:
+            dtype = np.dtype(dtype)  # TypeError for an unknown dtype
+            if dtype.kind != "f":
+                raise TypeError(f"{type(self).__name__}.to: dtype must be a floating-point dtype (float16, float32 "
+                                f"or float64), got dtype={dtype}; a module's parameters stay floating point")
         target = None if device is None else get_backend(device)
-        dtype = None if dtype is None else np.dtype(dtype)
         for tensor in self.parameters() + self.buffers():
             for t in (tensor, tensor.grad):
                 if t is None:
