@@ -208,7 +208,9 @@ and computes every output with one matrix product; backward is two more products
 and a fold back (col2im) by strided additions, one per kernel offset. 3x3 layers
 with many channels go to Winograd's algorithm (``tinytrain.kernels.winograd``) on the CPU.
 Pooling visits the ``kH * kW`` offsets of its window the same way. All array math
-goes through the backend's ``xp``, so the code runs unchanged on every device.
+goes through the backend's ``xp``, so the code runs unchanged on every device, and
+nothing is read back to the host (no ``float()``, ``.item()`` or ``if`` on a device
+array: on a GPU each read waits for the device).
 """
 import math
 import sys
@@ -295,14 +297,16 @@ print("im2col OK")
 # Done one column entry at a time that would be a Python loop over millions of
 # numbers. But look at the entries for one kernel offset $(i, j)$: over all output
 # positions they came from the pixels $\tilde x_{n, c, r s + i, q s + j}$ — a
-# strided slice of the image, `x[:, :, i : i + s*H_out : s, j : j + s*W_out : s]`.
-# So col2im is a loop over the $k_H k_W$ offsets (9 for a 3×3 kernel), each adding
-# a whole $(N, C, H_\text{out}, W_\text{out})$ block into its slice:
+# strided slice of the image, `x[:, :, i : i + sh*H_out : sh, j : j + sw*W_out : sw]`
+# (stride `sh` down, `sw` across). So col2im is a loop over the $k_H k_W$ offsets
+# (9 for a 3×3 kernel), each adding a whole $(N, C, H_\text{out}, W_\text{out})$
+# block into its slice, with the columns viewed as $(N, C, k_H, k_W, H_\text{out}, W_\text{out})$:
 #
 # ```python
+# blocks = grad_cols.reshape(N, C, kH, kW, H_out, W_out)
 # for i in range(kH):
 #     for j in range(kW):
-#         grad_x[:, :, i : i + s*H_out : s, j : j + s*W_out : s] += grad_cols[:, :, i, j]
+#         grad_x[:, :, i : i + sh*H_out : sh, j : j + sw*W_out : sw] += blocks[:, :, i, j]
 # ```
 #
 # With stride 1 and a 3×3 kernel the nine slices overlap, which is why it must
@@ -553,7 +557,8 @@ class Conv2dFunction(Function):
     products and col2im backward. Inputs ``x`` (N, C, H, W), ``weight`` (O, C, kH, kW)
     and optionally ``bias`` (O,); ``stride`` and ``padding`` are pairs of ints. The
     result's dtype is NumPy's promotion of ``x``'s and the weight's (``xp.result_type``).
-    ``backward`` returns one gradient per input: two without a bias, three with one."""
+    ``backward`` returns one gradient per input: two without a bias, three with one,
+    each in ``grad``'s dtype (float32 for a float32 layer: no float64 accumulators)."""
 
     def forward(self, x: Any, weight: Any, bias: Any = None, *, stride: tuple[int, int],
                 padding: tuple[int, int]) -> Any:
@@ -807,6 +812,13 @@ print(layer, "OK")
 # and the winner's offset is tracked along the way: an offset replaces the best so
 # far only if it is **strictly** greater — that is the "first maximum" rule.
 # Backward hands the gradient of each window to the offset stored for it.
+#
+# Two details. Start the running maximum from a **copy** of the first offset's
+# slice (not zeros: values may be negative; and not the slice itself: on the
+# tiled path below the slices are views of the input, and `out=` into one would
+# overwrite the layer's input). And choose the winners' dtype so that the last
+# offset, $k_H k_W - 1$, fits: `uint8` holds the 256 offsets of a 16×16 window,
+# a larger window needs a wider type.
 #
 # How to get the slices:
 #
@@ -1413,7 +1425,8 @@ buffers.max_bytes = limit
 # adding the cache on top makes the step no faster, in one run slower. Most
 # likely the reason is where the arrays lie: the heap hands an array freed at
 # the end of one step back at the next from memory the step just used, while
-# the cache keeps 25.4 MiB of arrays of its own, more than the CPU's caches
+# the cache keeps 25.4 MiB of arrays of its own (with the reference's use of
+# `buffers`; a solution that allocates with `xp.empty` caches less), more than the CPU's caches
 # hold. So `buffers` is switched off wherever
 # `tinytrain.runtime.allocator.in_effect()` (on Linux, unless
 # `TINYTRAIN_KEEP_FREED_MEMORY=0`) and serves where the C library cannot be told

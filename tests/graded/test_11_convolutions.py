@@ -17,6 +17,7 @@ import nbformat
 import numpy as np
 
 import tinytrain as tt
+from tinytrain.testing.strict import host_reads
 from tinytrain.course.checks import check, expect_close, expect_equal, expect_gradcheck, expect_raises
 from tinytrain.course.inventory import installed_modules
 
@@ -352,6 +353,12 @@ def test_conv_backward_against_loops(student):
             expect_equal(len(grads), len(inputs), f"the number of gradients Conv2dFunction.backward returns for "
                                                   f"{len(inputs)} inputs ({'with' if len(inputs) == 3 else 'without'} "
                                                   f"a bias), weight {w_shape}")
+    x, w, b = (tt.tensor(RNG.standard_normal(s), requires_grad=True) for s in ((2, 3, 6, 6), (4, 3, 3, 3), (4,)))
+    grads = student.Conv2dFunction.apply(x, w, b, stride=(1, 1), padding=(1, 1))._ctx.backward(
+        np.ones((2, 4, 6, 6), np.float32))
+    expect_equal([str(g.dtype) for g in grads], ["float32"] * 3, "the dtypes of the gradients Conv2dFunction.backward "
+                 "returns for float32 x (2, 3, 6, 6), weight (4, 3, 3, 3), bias (4,) and grad (a float64 accumulator "
+                 "makes every layer below compute in float64)")
 
 
 # -- conv2d and Conv2d ------------------------------------------------------------------------------
@@ -470,6 +477,12 @@ def test_max_pool_forward(student):
                      f"max pooling of {shape}, kernel {kernel} ({kernel[0] * kernel[1]} offsets), stride {stride}")
     expect_close(student.max_pool2d(tt.tensor(x, dtype="float32"), 2), loops_pool(x.astype(np.float32), (2, 2), (2, 2),
                  np.max), "max_pool2d of a float32 input, kernel 2", rtol=0, atol=0, dtype=np.float32)
+    for kernel, stride in ((2, 2), (3, 1)):  # tiled: the slices are views of x itself; overlapping
+        xt = t64(x)
+        student.max_pool2d(xt, kernel, stride)
+        student.avg_pool2d(xt, kernel, stride)
+        expect_equal(xt.numpy(), x, f"the input after max_pool2d and avg_pool2d(x, {kernel}, {stride}) (start from a "
+                     "COPY of the first slice: the slices are views of x)")
     expect_equal(student.MaxPool2d(3, 2)(t64(x)), loops_pool(x, (3, 3), (2, 2), np.max), "MaxPool2d(3, 2)")
 
 
@@ -600,3 +613,10 @@ def test_runs_on_another_device(student):
     for name, cpu, strict in zip(["conv2d's result", "the input gradient", "the weight gradient", "the bias gradient"],
                                  *results):
         expect_close(strict, cpu, f"{name} on the strict device (expected: the same as on the cpu)", atol=1e-12)
+    xt, wt, bt = (tt.tensor(a, dtype="float64", device="strict", requires_grad=True) for a in (x, w, b))
+    reads = host_reads()
+    y = student.conv2d(xt, wt, bt, stride=(1, 2), padding=1)
+    (student.max_pool2d(y, (5, 1)).sum() + student.max_pool2d(y, 2, 1).sum() + student.avg_pool2d(y, 2, 1).sum()) \
+        .backward(tt.tensor(1.0, dtype="float64", device="strict"))
+    expect_equal(host_reads() - reads, 0, "host reads in conv2d, max_pool2d and avg_pool2d, forward and backward, on "
+                 "the strict device (each read waits for a GPU: no float(), .item() or if on a device array)")

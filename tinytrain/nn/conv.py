@@ -8,7 +8,9 @@ and computes every output with one matrix product; backward is two more products
 and a fold back (col2im) by strided additions, one per kernel offset. 3x3 layers
 with many channels go to Winograd's algorithm (``tinytrain.kernels.winograd``) on the CPU.
 Pooling visits the ``kH * kW`` offsets of its window the same way. All array math
-goes through the backend's ``xp``, so the code runs unchanged on every device.
+goes through the backend's ``xp``, so the code runs unchanged on every device, and
+nothing is read back to the host (no ``float()``, ``.item()`` or ``if`` on a device
+array: on a GPU each read waits for the device).
 """
 import math
 import sys
@@ -192,7 +194,8 @@ class Conv2dFunction(Function):
     products and col2im backward. Inputs ``x`` (N, C, H, W), ``weight`` (O, C, kH, kW)
     and optionally ``bias`` (O,); ``stride`` and ``padding`` are pairs of ints. The
     result's dtype is NumPy's promotion of ``x``'s and the weight's (``xp.result_type``).
-    ``backward`` returns one gradient per input: two without a bias, three with one."""
+    ``backward`` returns one gradient per input: two without a bias, three with one,
+    each in ``grad``'s dtype (float32 for a float32 layer: no float64 accumulators)."""
 
     def forward(self, x: Any, weight: Any, bias: Any = None, *, stride: tuple[int, int],
                 padding: tuple[int, int]) -> Any:
