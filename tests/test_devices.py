@@ -683,3 +683,40 @@ def test_the_fake_gpu_really_exercises_the_cuda_backend(fake_gpu) -> None:
         warnings.simplefilter("error")  # the CUDA backend's random state is saved like any other
         state = tt.serialization.capture_rng_state()
     assert state["backends"][FAKE]["generator"] == GENERATOR
+
+
+@pytest.mark.parametrize("model_name", ["cnn", "gpt"])
+def test_a_float32_training_step_makes_no_float64_array(model_name: str) -> None:
+    """NumPy promotes float32 arrays to float64 when a NumPy float64 scalar (np.sqrt(2.0), np.float64(eps))
+    or an int64 array meets them: twice the memory traffic, silently. No library code may do that."""
+    from tinytrain.nn.transformer import GPT, GPTConfig
+    from tinytrain.testing.strict import float64_promotions
+    from tinytrain.training import clip_grad_norm
+
+    tt.manual_seed(0)
+    rng = np.random.default_rng(0)
+    if model_name == "cnn":
+        model = nn.Sequential(nn.Conv2d(1, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(), nn.MaxPool2d(2),
+                              nn.AvgPool2d(2), nn.Flatten(), nn.Linear(16, 16), nn.GELU(), nn.LayerNorm(16),
+                              nn.Dropout(0.1), nn.Linear(16, 10)).to("strict")
+        inputs = tt.tensor(rng.standard_normal((8, 1, 8, 8)), device="strict")
+        targets = tt.tensor(np.arange(8), device="strict")
+        optimizer = optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01)
+
+        def loss() -> tt.Tensor:
+            return nn.CrossEntropyLoss()(model(inputs), targets)
+    else:
+        model = GPT(GPTConfig(vocab_size=11, block_size=8, n_layer=1, n_head=2, n_embd=8, dropout=0.1)).to("strict")
+        ids = tt.tensor(rng.integers(0, 11, (2, 9)), device="strict")
+        optimizer = optim.SGD(model.parameters(), lr=0.1, momentum=0.9, nesterov=True, weight_decay=1e-4)
+
+        def loss() -> tt.Tensor:
+            return model(ids[:, :-1], targets=ids[:, 1:])[1]
+    before = float64_promotions()
+    for _ in range(2):
+        optimizer.zero_grad()
+        loss().backward()
+        clip_grad_norm(model.parameters(), 1.0)
+        optimizer.step()
+    assert float64_promotions() - before == 0
+    assert {p.dtype for p in model.parameters()} == {np.dtype(np.float32)}

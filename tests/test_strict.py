@@ -20,7 +20,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tinytrain.backend import NumpyBackend, backend_of_array, get_backend
-from tinytrain.testing.strict import StrictArray, StrictBackend, host_reads
+from tinytrain.testing.strict import StrictArray, StrictBackend, float64_promotions, host_reads
 
 strict = get_backend("strict")
 strict1 = get_backend("strict:1")
@@ -224,6 +224,24 @@ def test_work_on_the_device_reads_nothing() -> None:
     assert (a.shape, len(a), a.dtype) == ((2, 3), 2, np.float64)
     copy.deepcopy(pickle.loads(pickle.dumps(a)))
     assert host_reads() == before
+
+
+@pytest.mark.parametrize("compute, promoted", [
+    (lambda a, i, d: a * np.float64(0.1), 1),  # a NumPy float64 scalar is not weak (NEP 50)
+    (lambda a, i, d: a / np.sqrt(2.0), 1),
+    (lambda a, i, d: i * a, 1),  # int64 with float32 is float64
+    (lambda a, i, d: xp.maximum(a, np.float64(0.0)), 1),
+    (lambda a, i, d: a * 0.1 + xp.sqrt(a), 0),  # Python floats adapt to the array
+    (lambda a, i, d: a.astype(np.float64), 0),  # an explicit cast is asked for
+    (lambda a, i, d: d * a, 0),  # a float64 operand: float64 was there already
+    (lambda a, i, d: xp.multiply(a, np.float64(2.0), out=a), 0),  # out= keeps float32
+])
+def test_float64_promotions_counts_implicit_widening_only(compute: Callable, promoted: int) -> None:
+    a = strict.from_host(np.ones(3, np.float32))
+    i, d = strict.from_host(np.arange(3)), strict.from_host(np.ones(3))
+    before = float64_promotions()
+    compute(a, i, d)
+    assert float64_promotions() - before == promoted
 
 
 @given(

@@ -501,7 +501,8 @@ class Adam(Optimizer):
         ``param -= lr * (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps)``.
         Keeps no state but these three entries. Computes in the parameter's dtype
         (float64 stays float64) and reads nothing from the device: the bias
-        corrections are Python numbers (``**`` and ``math.sqrt``, not ``xp.power``).
+        corrections are Python numbers (``**`` and ``math.sqrt``, not ``xp.power``,
+        nor ``np.sqrt``, whose NumPy float64 makes a float32 array float64).
         """
         beta1, beta2 = group["betas"]
         state["step"] += 1

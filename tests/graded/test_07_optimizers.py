@@ -7,7 +7,7 @@ the ``student`` fixture; tensors come from the package.
 import numpy as np
 
 import tinytrain as tt
-from tinytrain.testing.strict import host_reads
+from tinytrain.testing.strict import float64_promotions, host_reads
 from tinytrain.course.checks import check, expect_close, expect_equal
 
 START = np.array([1.0, -2.0, 0.5, 3.0], dtype=np.float32)
@@ -258,7 +258,8 @@ def test_state_holds_only_its_own_entries(student):
 
 
 @check(points=1, hint="update() computes with the xp it is given (NumPy on the CPU, CuPy on a GPU), keeps "
-                      "every array on the parameter's device and reads nothing back from it")
+                      "every array on the parameter's device and reads nothing back from it; every number in it is a "
+                      "Python float (a NumPy float64 scalar makes float32 arrays float64)")
 def test_optimizers_run_on_another_device(student):
     for optimizer_class, settings in ((student.SGD, {"lr": 0.1, "momentum": 0.9, "weight_decay": 0.01}),
                                       (student.Adam, {"lr": 0.01, "weight_decay": 0.01}),
@@ -269,7 +270,7 @@ def test_optimizers_run_on_another_device(student):
             optimizer = optimizer_class([param], **settings)
             for g in GRADS:
                 param.grad = tt.tensor(g, device=device)
-                reads = host_reads()
+                reads, promotions = host_reads(), float64_promotions()
                 try:
                     optimizer.step()
                 except TypeError as error:
@@ -277,6 +278,9 @@ def test_optimizers_run_on_another_device(student):
                                          f"expected it to compute with xp, got TypeError: {error}") from None
                 expect_equal(host_reads() - reads, 0, f"host reads in {optimizer_class.__name__}({settings}).step() "
                              f"on the {device!r} device (the bias corrections are Python numbers: ** and math.sqrt)")
+                expect_equal(float64_promotions() - promotions, 0, f"float32 arrays made float64 in "
+                             f"{optimizer_class.__name__}({settings}).step() on the {device!r} device (a NumPy "
+                             "float64 scalar, e.g. from np.sqrt or np.power of a number, promotes them)")
             values[device] = param.numpy()
         expect_close(values["strict"], values["cpu"], f"{optimizer_class.__name__}({settings}) on the strict device "
                      "(compared with the cpu)", rtol=1e-6)

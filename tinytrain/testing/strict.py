@@ -14,6 +14,8 @@ freely; NumPy functions and ufuncs dispatch to the device through the
 NumPy gives as scalars (``a.sum()``, ``a[i, j]``) stay 0-d device arrays, so they
 too must be read out explicitly. :func:`host_reads` counts those reads: on a GPU
 each one waits for the device, so tests can hold a hot path to the reads it promises.
+:func:`float64_promotions` counts the arithmetic that quietly turned float32 (or
+float16) arrays into a float64 one, twice the memory traffic on every device.
 """
 from __future__ import annotations
 
@@ -30,6 +32,7 @@ from tinytrain.backend import DEFAULT_FLOAT, Backend
 _SCALAR_TYPES = (int, float, complex, np.generic)
 
 _reads = 0  # values read out of strict arrays to the host so far (see host_reads)
+_promotions = 0  # ufunc results promoted to float64 from narrower floats (see float64_promotions)
 
 
 def host_reads() -> int:
@@ -37,6 +40,28 @@ def host_reads() -> int:
     ``bool()``, ``float()``, ``int()``, ``item()``, ``tolist()``, formatting, printing
     and ``backend.to_host``. Take the difference around the code under test."""
     return _reads
+
+
+def float64_promotions() -> int:
+    """How many ufunc results (operators, ``xp.sqrt``, ``out=`` too) on strict arrays came out
+    float64 although no array operand was float64 and one was float16 or float32: NumPy's
+    promotion by a NumPy float64 scalar (``np.float64(0.1)``, ``np.sqrt(2.0)``) or an
+    integer array. Explicit casts (``astype``) are not counted. Take the difference
+    around the code under test."""
+    return _promotions
+
+
+def _count_promotion(operands: list[Any], result: Any) -> None:
+    """Count ``result`` (a ufunc's) if it is float64 while the array operands were narrower floats."""
+    global _promotions
+    first = result[0] if isinstance(result, tuple) else result
+    if getattr(first, "dtype", None) != np.float64:
+        return
+    arrays = [x for x in operands if isinstance(x, StrictArray)]
+    if any(x.dtype == np.float64 for x in arrays):
+        return
+    if any(x.dtype.kind == "f" for x in arrays):
+        _promotions += 1
 
 
 # ndarray attributes that hand out host memory (or write it out), so a strict
@@ -141,7 +166,9 @@ class StrictArray(NDArrayOperatorsMixin):
         # gets NotImplemented (NEP 13) so that it may handle the operation itself.
         if not all(isinstance(x, (StrictArray, np.ndarray, *_SCALAR_TYPES)) for x in operands):
             return NotImplemented
-        return _Crossing(None).call(getattr(ufunc, method), inputs, kwargs)
+        result = _Crossing(None).call(getattr(ufunc, method), inputs, kwargs)
+        _count_promotion(list(inputs), result)
+        return result
 
     def __array_function__(
         self, func: Callable[..., Any], types: tuple[type, ...], args: tuple, kwargs: dict[str, Any]
@@ -274,7 +301,10 @@ class _StrictFunction:
         self._device = device
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return _Crossing(self._device).call(self._func, args, kwargs)
+        result = _Crossing(self._device).call(self._func, args, kwargs)
+        if isinstance(self._func, np.ufunc):  # xp.multiply(a, np.float64(2.0)) promotes as a * np.float64(2.0)
+            _count_promotion(list(args), result)
+        return result
 
     def __getattr__(self, name: str) -> Any:
         # ufunc methods and attributes: xp.add.at, xp.maximum.reduce, xp.add.nin
