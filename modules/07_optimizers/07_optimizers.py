@@ -361,20 +361,20 @@ class Optimizer:
         ``ValueError`` or ``RuntimeError`` naming the parameter's index), so a step
         that raises updates no parameter and no state (no step count goes up).
         """
-        stepping = [index for index, param in enumerate(self.params) if param.grad is not None]
-        for index in stepping:
-            self._check_grad(index)
-        for index in stepping:
-            param, state, group = self.params[index], self.state[index], self._groups[index]
+        stepping = [(index, param) for index, param in enumerate(self.params) if param.grad is not None]
+        for index, param in stepping:
+            self._check_grad(index, param)
+        for index, param in stepping:
             backend = param._backend
             if self._state_backends[index] is not backend:  # the first step, or the parameter has moved since
                 self._settle_state(index, backend)
-            self.update(param.data, param.grad.data, state, group, backend.xp)
+            self.update(param.data, param.grad.data, self.state[index], self._groups[index], backend.xp)
 
-    def _check_grad(self, index: int) -> None:
+    @staticmethod
+    def _check_grad(index: int, param: Tensor) -> None:
         """Raise naming parameter ``index`` unless its ``.grad`` is a floating-point ``Tensor`` of its shape
         on its device (what ``update`` takes for granted)."""
-        param, grad = self.params[index], self.params[index].grad
+        grad = param.grad
         if not isinstance(grad, Tensor):
             raise TypeError(f"the gradient of parameter {index} must be a Tensor, got {type(grad).__name__}")
         if grad.shape != param.shape:

@@ -8,11 +8,12 @@ gradient of every position into the row of its id with the backend's
 ``scatter_add``, so repeated ids add up. A positional encoding adds a vector per
 position ``start, start + 1, ...`` to a sequence of shape ``(..., T, D)``.
 """
+import reprlib
 from typing import Any
 
 import numpy as np
 
-from tinytrain.arguments import _got, check_int, check_number
+from tinytrain.arguments import check_int, check_number
 from tinytrain.autograd import Function
 from tinytrain.backend import get_backend
 from tinytrain.nn.module import Module, Parameter
@@ -56,7 +57,8 @@ def embedding(input: Any, weight: Tensor) -> Tensor:
         try:
             ids = Tensor(input, device=weight._backend)  # not weight._operand: that makes an int a float
         except (TypeError, ValueError) as error:  # a string, None, a ragged list
-            raise type(error)(f"{expected}, {_got('input', input, with_type=True)} ({error})") from None
+            raise type(error)(f"{expected}, got input={reprlib.repr(input)} of type {type(input).__name__} "
+                              f"({error})") from None
     if ids.dtype.kind not in "iu":
         raise TypeError(f"{expected}, got dtype {ids.dtype} of shape {ids.shape}")
     if ids.size:
