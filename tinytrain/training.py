@@ -29,7 +29,10 @@ def clip_grad_norm(parameters: Iterable[Tensor], max_norm: float = 1.0, error_if
     The global norm is ``sqrt(sum of every gradient element squared)`` over all
     parameters that have a gradient (the others are skipped). When it exceeds
     ``max_norm``, every gradient is multiplied in place by ``max_norm / (norm + 1e-6)``,
-    which keeps the direction. Returns the norm *before* clipping, as a float.
+    which keeps the direction, and keeps its dtype: a float32 gradient stays float32
+    (float64 is for the sum of squares only; a float64 gradient would make the
+    optimizer compute in float64, and take twice the memory). Returns the norm
+    *before* clipping, as a float.
     The norm of finite gradients is finite: float32 squares overflow above about
     1.8e19, so add the squares up in float64 (or, faster, add them in the
     gradients' dtype and do it again in float64 when that sum is ``inf``).

@@ -113,8 +113,8 @@ def test_cosine_warm_restarts(student):
 @check(points=2, hint="clip_grad_norm: one global L2 norm over every gradient (skip parameters whose grad is "
                       "None), its squares added up in float64 (float32 overflows above 1.8e19); only if it "
                       "exceeds max_norm (strictly), scale all gradients in place by max_norm / (norm + 1e-6) "
-                      "(those in grads: parameters may be a generator, which runs only once); return the norm "
-                      "before clipping")
+                      "(those in grads: parameters may be a generator, which runs only once), each keeping its "
+                      "dtype (float64 is for the squares only); return the norm before clipping")
 def test_clip_grad_norm(student):
     weights_ = tt.zeros(3, requires_grad=True)
     weights_.grad = tt.tensor([100.0, 200.0, 50.0])
@@ -123,7 +123,8 @@ def test_clip_grad_norm(student):
     expect_close(norm, math.sqrt(52500), "clip_grad_norm of a gradient (100, 200, 50): the norm before clipping",
                  rtol=1e-6)
     expect_close(weights_.grad, np.array([100.0, 200.0, 50.0]) / (math.sqrt(52500) + 1e-6),
-                 "(100, 200, 50) clipped to max_norm=1: the same direction, norm 1", rtol=1e-6)
+                 "(100, 200, 50) clipped to max_norm=1: the same direction, norm 1 (a float32 gradient stays "
+                 "float32: float64 is for the sum of squares only)", rtol=1e-6, dtype=np.float32)
     assert no_grad.grad is None, f"a parameter without a gradient must keep grad None, got {no_grad.grad!r}"
 
     a, b = tt.zeros((2, 2), requires_grad=True), tt.zeros(1, requires_grad=True)
@@ -159,7 +160,8 @@ def test_clip_grad_norm(student):
     expect_close(student.clip_grad_norm([d], max_norm=1.0), 1e21,
                  "the norm of 100 float32 gradients of 1e20 (finite gradients have a finite norm: add the "
                  "squares in float64)", rtol=1e-5)
-    expect_close(d.grad, np.full(100, 0.1), "100 gradients of 1e20 clipped to max_norm=1", rtol=1e-5)
+    expect_close(d.grad, np.full(100, 0.1), "100 float32 gradients of 1e20 clipped to max_norm=1", rtol=1e-5,
+                 dtype=np.float32)
 
     # model.parameters() is a list, but any iterable will do: a generator can be iterated only once
     e, f = tt.zeros(2, requires_grad=True), tt.zeros(1, requires_grad=True)
@@ -383,9 +385,11 @@ def test_evaluate_modes_and_per_sample_means(student):
 
 
 @check(points=1, hint="evaluate: one-sample batches count; a loss reduced by sum or not at all counts as it is "
-                      "(self._reduce gives (loss, is_mean): only a mean is multiplied by the batch size); outputs "
-                      "that are not (N, C) class scores give accuracy nan (stop counting hits once _correct returns "
-                      "None); a loader without batches raises ValueError saying it yielded no batches",
+                      "(self._reduce gives (loss, is_mean): only a mean is multiplied by the batch size); one-hot "
+                      "targets count a hit where the argmax of the output row is that of the target row (_correct "
+                      "does both kinds of target); outputs that are not (N, C) class scores give accuracy nan "
+                      "(stop counting hits once _correct returns None); a loader without batches raises ValueError "
+                      "saying it yielded no batches",
        after="test_evaluate_modes_and_per_sample_means")
 def test_evaluate_edge_cases(student):
     model = toy_model()
@@ -406,6 +410,11 @@ def test_evaluate_edge_cases(student):
         expect_close(loss, np_cross_entropy(outputs, Y[:100]).mean(), f"evaluate's loss with "
                      f"CrossEntropyLoss(reduction={reduction!r}), batches of 32, 32, 32, 4: the mean per sample",
                      rtol=1e-5)
+    trainer = student.Trainer(model, optim.SGD(model.parameters(), lr=0.1), nn.MSELoss())
+    one_hot = np.eye(3, dtype=np.float32)[Y[:100]]
+    _, accuracy = trainer.evaluate(DataLoader(TensorDataset(X[:100], one_hot), batch_size=32))
+    expect_close(accuracy, np.mean(outputs.argmax(axis=1) == Y[:100]), "evaluate's accuracy with one-hot targets "
+                 "(MSELoss, outputs (100, 3), target rows np.eye(3)[labels]): the same as with the labels")
 
     tt.manual_seed(0)
     regression = nn.Linear(6, 1)
