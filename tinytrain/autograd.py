@@ -185,7 +185,8 @@ def backward(tensor: Any, grad: Any = None, retain_graph: bool = False) -> None:
 
     ``grad`` defaults to 1 for a single-element ``tensor``; for any other shape
     it must be given, with the tensor's shape. A ``None`` from an operation's
-    ``backward`` gives that input nothing, whether or not it requires grad, and an
+    ``backward`` gives that input nothing, whether or not it requires grad (an
+    operation that so receives no gradient at all is skipped), and an
     input that does not require grad gets nothing, whatever ``backward`` returned.
     An operation's ``backward`` that returns anything but a tuple raises
     ``TypeError`` naming the operation, the word "tuple" (what it must return)

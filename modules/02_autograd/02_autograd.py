@@ -798,7 +798,10 @@ print("indexing OK")
 #
 # A `backward` may return `None` for an input even when that input requires a
 # gradient (Module 13's gradient checkpointing does, for an input it only needs
-# for ordering): the engine then hands that input nothing. And a `backward` may
+# for ordering, or one that took no part in its result): the engine then hands
+# that input nothing. If that input was computed, its operation may then receive
+# no gradient at all; it has nothing to pass on and is skipped (the heap never
+# gets it; an engine that sorts the whole graph first must skip it). And a `backward` may
 # itself run `backward` on a graph of its own (checkpointing does that too), so
 # keep the engine's heap and collected gradients in local variables of one call,
 # never in globals.
@@ -894,7 +897,8 @@ def backward(tensor: Any, grad: Any = None, retain_graph: bool = False) -> None:
 
     ``grad`` defaults to 1 for a single-element ``tensor``; for any other shape
     it must be given, with the tensor's shape. A ``None`` from an operation's
-    ``backward`` gives that input nothing, whether or not it requires grad, and an
+    ``backward`` gives that input nothing, whether or not it requires grad (an
+    operation that so receives no gradient at all is skipped), and an
     input that does not require grad gets nothing, whatever ``backward`` returned.
     An operation's ``backward`` that returns anything but a tuple raises
     ``TypeError`` naming the operation, the word "tuple" (what it must return)

@@ -382,7 +382,8 @@ def test_engine(student):
 
 
 @check(points=1, hint="backward: a None from an operation's backward gives that input nothing (even if it requires "
-                      "grad), and a backward that returns no tuple raises TypeError naming the operation; keep the "
+                      "grad; if it was computed, its operation then gets no gradient and is skipped), and a backward "
+                      "that returns no tuple raises TypeError naming the operation; keep the "
                       "heap and the collected gradients local to one call: a backward may call backward",
        after="test_engine")
 def test_engine_none_gradients_and_nested_backward(student):
@@ -397,6 +398,17 @@ def test_engine_none_gradients_and_nested_backward(student):
     student.backward(FirstOnly.apply(a, b).sum())
     expect_close(a.grad.numpy(), [1.0, 1.0], "a.grad of sum(FirstOnly(a, b))")
     assert b.grad is None, f"FirstOnly.backward returns None for b: expected b.grad None, got {b.grad}"
+
+    # None for a computed input (checkpointing's, for an input that took no part): its operation gets nothing
+    a, c = tt.tensor([1.0, 2.0], requires_grad=True), tt.tensor([3.0, 4.0], requires_grad=True)
+    what = "backward of sum(FirstOnly(a, c * 2)), whose backward returns None for the computed input c * 2"
+    try:
+        student.backward(FirstOnly.apply(a, c * 2.0).sum())
+    except Exception as error:  # noqa: BLE001 - the message says which call failed
+        raise AssertionError(f"{what}: expected a.grad [1, 1] and c.grad None, got {type(error).__name__}: {error} "
+                             "(no gradient reached c * 2's operation: it has nothing to pass on, so skip it)") from None
+    expect_close(a.grad.numpy(), [1.0, 1.0], f"{what}: a.grad")
+    assert c.grad is None, f"{what}: expected c.grad None (nothing reached it), got {c.grad}"
 
     class Both(InstalledFunction):
         def forward(self, a, b):
