@@ -1,0 +1,172 @@
+"""Graded checks on students' variants: a correct alternative passes, a plausible wrong one fails.
+
+Second, independent students' solutions (written from the lessons alone) showed
+where a graded check let wrong code through, or graded the reference's way of
+doing something instead of the lesson's rule. Each test runs the check on a
+variant directly, with a ``student`` namespace as the grader's fixture would
+pass it, so each takes well under a second: a correct variant must pass; a wrong
+one must fail, saying what it expected and what it got.
+"""
+from __future__ import annotations
+
+import importlib.util
+import math
+import types
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import tinytrain as tt
+import tinytrain.training as training
+from tinytrain.autograd import _accumulate, _freed_graph_error, _unshared, no_grad
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _graded(name: str) -> types.ModuleType:
+    """``tests/graded/test_<name>.py`` as a module (not collected a second time: a private name)."""
+    spec = importlib.util.spec_from_file_location(f"_graded_{name}", ROOT / "tests" / "graded" / f"test_{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _student(module: types.ModuleType, **replaced: object) -> types.SimpleNamespace:
+    """The package's code of ``module`` as the ``student`` fixture, with ``replaced`` names swapped in."""
+    return types.SimpleNamespace(**{**vars(module), **replaced})
+
+
+def _fails(check, student, *expected: str) -> None:
+    with pytest.raises(AssertionError) as failure:
+        check(student)
+    for text in expected:
+        assert text in str(failure.value), str(failure.value)
+
+
+# -- Module 02 ----------------------------------------------------------------------------------
+# The lesson allows any reverse topological order ("Any order that visits every operation before
+# the operations that produced its inputs works"), so a student may sort the graph first instead of
+# using the heap. Such an engine must still skip an operation no gradient reached -- a backward
+# returned None for its output, as Module 13's checkpointing does for an input that took no part.
+# A sorted walk that forgot it raised KeyError inside checkpoint and yet earned full marks.
+
+def _reverse_topological_order(root):
+    """Every operation reachable from ``root``, each before the operations that made its inputs (iterative DFS)."""
+    order, seen, todo = [], set(), [(root, False)]
+    while todo:
+        fn, done = todo.pop()
+        if done:
+            order.append(fn)
+            continue
+        if fn in seen:
+            continue
+        if not hasattr(fn, "inputs"):
+            raise _freed_graph_error()
+        seen.add(fn)
+        todo.append((fn, True))
+        todo.extend((t._ctx, False) for t in fn.inputs if t._ctx is not None and t._ctx not in seen)
+    return order[::-1]
+
+
+def sorted_engine(skip_unreached: bool):
+    """A student's engine that sorts the graph first; ``skip_unreached=False`` forgets operations no gradient reached."""
+
+    def backward(tensor, grad=None, retain_graph=False):
+        owned = grad is None
+        grad = tensor._backend.xp.ones_like(tensor.data) if grad is None else tensor._operand(grad).data
+        root = tensor._ctx
+        pending, mine = {root: grad}, {root: owned}
+        for fn in _reverse_topological_order(root):
+            if skip_unreached and fn not in pending:
+                continue
+            if not hasattr(fn, "inputs"):
+                raise _freed_graph_error()
+            incoming = pending.pop(fn)
+            fn.owns_grad = mine.pop(fn)
+            results = fn.backward(incoming)
+            if not isinstance(results, tuple):
+                raise TypeError(f"{type(fn).__name__}.backward must return a tuple, got {type(results).__name__}")
+            for t, g in zip(fn.inputs, results):
+                if g is None or not t.requires_grad:
+                    continue
+                alone = not retain_graph and _unshared(g, fn, results, incoming)
+                if t._ctx is None:
+                    _accumulate(t, g, alone)
+                elif t._ctx in pending:
+                    pending[t._ctx], mine[t._ctx] = pending[t._ctx] + g, True
+                else:
+                    pending[t._ctx], mine[t._ctx] = g, alone
+            if not retain_graph:
+                vars(fn).clear()
+
+    return backward
+
+
+@pytest.mark.parametrize("name", ["test_engine", "test_engine_none_gradients_and_nested_backward",
+                                  "test_engine_frees_graph", "test_engine_owns_and_adopts"])
+def test_a_correct_sorted_engine_passes_every_engine_check(name):
+    getattr(_graded("02_autograd"), name)(types.SimpleNamespace(backward=sorted_engine(skip_unreached=True)))
+
+
+def test_a_sorted_engine_that_runs_unreached_operations_loses_its_points():
+    _fails(_graded("02_autograd").test_engine_none_gradients_and_nested_backward,
+           types.SimpleNamespace(backward=sorted_engine(skip_unreached=False)), "expected a.grad [1, 1] and c.grad None")
+
+
+def test_checkpoint_of_a_computed_input_it_does_not_use():
+    """What the wrong engine broke: checkpointing hands ``None`` to a computed input that took no part."""
+    x, w = tt.tensor([1.0, 2.0], requires_grad=True), tt.tensor([3.0, 4.0], requires_grad=True)
+    unused = w * 2.0
+    tt.checkpoint(lambda a, b: a * 3.0, x, unused).sum().backward()
+    assert x.grad.numpy().tolist() == [3.0, 3.0] and w.grad is None
+
+
+# -- Module 09 ----------------------------------------------------------------------------------
+
+def clip_grad_norm_writing_float64_back(parameters, max_norm=1.0, error_if_nonfinite=False):
+    """Casts every gradient to float64 once and reuses the copies to scale: right values, float64 gradients."""
+    grads = [p.grad for p in parameters if p.grad is not None]
+    wide = [grad.data.astype(np.float64) for grad in grads]
+    norm = math.sqrt(sum(float((w * w).sum()) for w in wide))
+    if not math.isfinite(norm):
+        if error_if_nonfinite:
+            raise FloatingPointError(f"the global gradient norm is {norm}")
+        return norm
+    if norm > max_norm:
+        for grad, w in zip(grads, wide):
+            grad.data = w * (max_norm / (norm + 1e-6))
+    return norm
+
+
+def test_clipping_keeps_the_gradients_dtype() -> None:
+    graded = _graded("09_training")
+    graded.test_clip_grad_norm(_student(training))
+    _fails(graded.test_clip_grad_norm, _student(training, clip_grad_norm=clip_grad_norm_writing_float64_back),
+           "expected dtype float32, got float64")
+
+
+class AccuracyForLabelsOnly(training.Trainer):
+    """evaluate() whose accuracy knows integer labels only: one-hot targets give nan."""
+
+    def evaluate(self, dataloader):
+        loss_sum, hits, samples, classifier = 0.0, 0, 0, True
+        with no_grad():
+            for inputs, targets in dataloader:
+                outputs = self.model(inputs)
+                loss, is_mean = self._reduce(self.loss_fn(outputs, targets))
+                loss_sum += loss.item() * (len(inputs) if is_mean else 1)
+                samples += len(inputs)
+                classifier = classifier and outputs.ndim == 2 and outputs.shape[1] > 1 and targets.ndim == 1
+                if classifier:
+                    hits += (outputs.argmax(axis=1) == targets).sum().item()
+        if samples == 0:
+            raise ValueError("evaluate: the data loader yielded no batches")
+        return loss_sum / samples, hits / samples if classifier else math.nan
+
+
+def test_evaluate_counts_hits_of_one_hot_targets() -> None:
+    graded = _graded("09_training")
+    graded.test_evaluate_edge_cases(_student(training))
+    _fails(graded.test_evaluate_edge_cases, _student(training, Trainer=AccuracyForLabelsOnly),
+           "evaluate's accuracy with one-hot targets", "got nan")
