@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 import tinytrain as tt
+import tinytrain.nn.losses as losses
 import tinytrain.training as training
 from tinytrain.autograd import _accumulate, _freed_graph_error, _unshared, no_grad
 
@@ -120,6 +121,59 @@ def test_checkpoint_of_a_computed_input_it_does_not_use():
     unused = w * 2.0
     tt.checkpoint(lambda a, b: a * 3.0, x, unused).sum().backward()
     assert x.grad.numpy().tolist() == [3.0, 3.0] and w.grad is None
+
+
+# -- Module 06 ----------------------------------------------------------------------------------
+# A loss's backward must hand its input a gradient of the input's dtype (Module 02: keep the dtype).
+# A float64 one is cast back only at the leaves, so every layer below the loss ran its backward in
+# float64 (an MLP step took twice as long) -- and the graded checks, which read leaves' .grad, could
+# not see it: a one-hot from np.eye's float64 default earned 15/15.
+
+class OneHotCrossEntropy(losses.CrossEntropy):
+    """Backward through a one-hot matrix ``xp.eye(C, dtype=...)[target]``; ``dtype=None`` is eye's float64."""
+
+    one_hot_dtype = None
+
+    def backward(self, grad):
+        probs, target = self.probs, self.target
+        share = losses._unreduce(grad, self.reduction, len(probs))
+        share = share[:, None] if self.reduction == "none" else share
+        if target.ndim == 2:
+            return ((probs * target.sum(axis=1, keepdims=True) - target) * share,)
+        one_hot = self.xp.eye(probs.shape[1], dtype=self.one_hot_dtype or np.float64)[target]
+        return ((probs - one_hot) * share,)
+
+
+def one_hot_cross_entropy(dtype):
+    """``cross_entropy`` (inputs as the graded check passes them) through :class:`OneHotCrossEntropy`."""
+    variant = type("OneHotCrossEntropy", (OneHotCrossEntropy,), {"one_hot_dtype": dtype})
+    return lambda logits, target, reduction="mean": variant.apply(logits, target=target.data, reduction=reduction)
+
+
+class BCEWithLogitsCountingWithNumPy(losses.BinaryCrossEntropyWithLogits):
+    """Right values, but "mean" divides by ``np.prod(shape)``, a NumPy int64: float32 / it is float64."""
+
+    def backward(self, grad):
+        count = np.prod(self.target.shape)
+        return ((self.sigmoid - self.target) * (grad / count if self.reduction == "mean" else grad),)
+
+
+def bce_with_logits_counting_with_numpy(logits, target, reduction="mean"):
+    target = losses._as_target(target, logits)
+    return BCEWithLogitsCountingWithNumPy.apply(logits, target=target.astype(logits.dtype).data, reduction=reduction)
+
+
+def test_a_one_hot_cross_entropy_keeps_the_gradient_points_only_in_the_logits_dtype():
+    graded = _graded("06_losses")
+    graded.test_cross_entropy_gradient(_student(losses, cross_entropy=one_hot_cross_entropy(np.float32)))
+    _fails(graded.test_cross_entropy_gradient, _student(losses, cross_entropy=one_hot_cross_entropy(None)),
+           "the dtype of the gradient that cross_entropy", "float64")
+
+
+def test_a_binary_cross_entropy_whose_mean_gradient_is_float64_loses_its_points():
+    _fails(_graded("06_losses").test_binary_cross_entropy_with_logits,
+           _student(losses, binary_cross_entropy_with_logits=bce_with_logits_counting_with_numpy),
+           "the dtype of the gradient that bce_with_logits_counting_with_numpy, reduction='mean'", "float64")
 
 
 # -- Module 09 ----------------------------------------------------------------------------------

@@ -283,7 +283,13 @@ print("-log_softmax: ", fused.item(), " gradient:", logits.grad.numpy())
 # CuPy on a GPU), never `np` directly; `backward` returns a tuple with one
 # gradient per tensor input, and `cross_entropy` calls
 # `CrossEntropy.apply(logits, target=..., reduction=...)`. The loss keeps the
-# logits' dtype: float32 logits give a float32 loss.
+# logits' dtype: float32 logits give a float32 loss. So does the gradient
+# (Module 02: *keep the dtype*): backward hands float32 logits a float32 array.
+# A float64 one would not be an error, only a slow one: every layer below would
+# run its backward in float64, twice the time on a CPU, far more on a GPU. Watch
+# for the float64 defaults: a one-hot built with `xp.eye(C)` or `xp.zeros((N, C))`
+# without `dtype=`, or a count that is a NumPy integer (`np.prod(shape)`: float32
+# divided by it becomes float64; `len` and `.size` are Python ints).
 
 # %% export="nn/losses"
 class CrossEntropy(Function):
@@ -291,7 +297,8 @@ class CrossEntropy(Function):
     probabilities ``(N, C)``, fused: one node, log-sum-exp stable.
 
     Backward: ``(softmax(logits) - onehot(target)) * g`` (``g = 1/N`` for "mean"),
-    or ``(softmax * sum(q) - q) * g`` for probability targets ``q``.
+    or ``(softmax * sum(q) - q) * g`` for probability targets ``q``. The loss and
+    the gradient have the logits' dtype.
     """
 
     def forward(self, logits: Any, target: Any, reduction: str) -> Any:
@@ -475,7 +482,8 @@ print("cross_entropy OK")
 # gradient (`_unreduce`, as for cross-entropy), and write into a new array: what
 # forward saved (`self.probs`, the sigmoid) must stay as it was for a second
 # backward through the same graph. Both losses keep the input's dtype: cast the
-# target to it (`target.astype(probs.dtype)`) before `apply`.
+# target to it (`target.astype(probs.dtype)`) before `apply`; and so do their
+# gradients, as cross-entropy's.
 
 # %% export="nn/losses"
 LOG_FLOOR = -100.0  # PyTorch's BCELoss clamps log(p) and log(1 - p) here
@@ -486,7 +494,7 @@ class BinaryCrossEntropy(Function):
     """``-(t * log(p) + (1 - t) * log(1 - p))``, each log clamped at -100.
 
     Backward: ``(p - t) / max(p * (1 - p), 1e-12)``, as in PyTorch, times each
-    element's share of ``grad`` (``_unreduce``).
+    element's share of ``grad`` (``_unreduce``), in ``probs``' dtype.
     """
 
     def forward(self, probs: Any, target: Any, reduction: str) -> Any:
@@ -511,7 +519,7 @@ class BinaryCrossEntropyWithLogits(Function):
     """``max(x, 0) - x * t + log(1 + exp(-|x|))``: BCE of ``sigmoid(x)``, stable for any x.
 
     Backward: ``sigmoid(x) - t`` times each element's share of ``grad`` (``_unreduce``),
-    with a sigmoid from ``exp(-|x|)`` that cannot overflow.
+    with a sigmoid from ``exp(-|x|)`` that cannot overflow, in the logits' dtype.
     """
 
     def forward(self, logits: Any, target: Any, reduction: str) -> Any:

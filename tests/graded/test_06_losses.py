@@ -8,6 +8,7 @@ are computed independently, in float64 NumPy.
 import numpy as np
 
 import tinytrain as tt
+from tinytrain.autograd import Function
 from tinytrain.course.checks import check, expect_close, expect_equal, expect_gradcheck, expect_raises
 
 
@@ -40,6 +41,34 @@ def logits_and_labels(seed=0, n=5, classes=4):
 
 def leaf(array, dtype=None):
     return tt.tensor(array, dtype=dtype, requires_grad=True)
+
+
+class _GradientSpy(Function):
+    """The identity, recording the dtype of the gradient that reaches it: what the loss hands its input."""
+
+    seen: list = []
+
+    def forward(self, a):
+        return a.copy()
+
+    def backward(self, grad):
+        _GradientSpy.seen.append(grad.dtype)
+        return (grad,)
+
+
+def _expect_float32_gradient(loss_of, x, what):
+    """``loss_of(input)`` of float32 ``x`` sends float32 gradients back, for every reduction.
+
+    A leaf's ``.grad`` is cast to the leaf's dtype, so only a node between them sees a float64
+    gradient -- which would make every layer below the loss run its backward in float64.
+    """
+    for reduction in ("mean", "sum", "none"):
+        _GradientSpy.seen = []
+        loss = loss_of(_GradientSpy.apply(leaf(x)), reduction)
+        loss.backward(None if reduction != "none" else tt.ones(*loss.shape))
+        expect_equal(_GradientSpy.seen, [np.dtype(np.float32)], f"the dtype of the gradient that {what}, "
+                     f"reduction={reduction!r}, hands its float32 input (keep the dtype: a one-hot from xp.eye "
+                     "or xp.zeros without dtype=, or a count from np.prod, makes it float64)")
 
 
 # -- mean squared error -------------------------------------------------------------------
@@ -83,7 +112,7 @@ def test_cross_entropy_values(student):
 
 @check(points=2, hint="CrossEntropy.backward: the gradient is (softmax(logits) - one_hot(target)) times each "
                       "sample's share g of the upstream gradient (g = grad / N for 'mean', grad for 'sum', "
-                      "grad[i] for 'none')")
+                      "grad[i] for 'none'), in the logits' dtype")
 def test_cross_entropy_gradient(student):
     z, y = logits_and_labels(seed=2, n=6, classes=3)
     p, onehot = np_softmax(z.astype(np.float64)), np.eye(3)[y]
@@ -111,6 +140,10 @@ def test_cross_entropy_gradient(student):
     expect_close(logits.grad, 2 * (p - onehot) / len(y), "the gradient of cross_entropy after two backward passes "
                  "through one graph (retain_graph=True): backward must leave the saved probabilities unchanged",
                  atol=1e-6)
+    _expect_float32_gradient(lambda x, reduction: student.cross_entropy(x, tt.tensor(y), reduction=reduction), z,
+                             "cross_entropy")
+    _expect_float32_gradient(lambda x, reduction: student.cross_entropy(x, tt.tensor(p), reduction=reduction), z,
+                             "cross_entropy with probability targets")
 
 
 @check(points=2, hint="subtract each row's maximum before exp (log-sum-exp): exp(1000) overflows to inf, and "
@@ -174,7 +207,7 @@ def test_cross_entropy_targets_integer_dtypes_and_float_labels_refused(student):
 
 @check(points=2, hint="binary_cross_entropy: -(t log p + (1 - t) log(1 - p)) with each log clamped at -100 (so "
                       "p = 0 or 1 costs at most 100); gradient (p - t) / max(p (1 - p), 1e-12), divided by the number of "
-                      "elements for 'mean'")
+                      "elements for 'mean', in probs' dtype")
 def test_binary_cross_entropy_on_probabilities(student):
     p = np.array([[0.1, 0.5], [0.9, 0.99]], dtype=np.float32)
     t = np.array([[0.0, 1.0], [1.0, 0.3]], dtype=np.float32)
@@ -228,11 +261,13 @@ def _expect_twice_the_gradient(loss_fn, x, t, gradient, rtol):
 
 
 def _expect_the_inputs_dtype(loss_fn, x):
-    """A float32 input gives a float32 loss, whatever the target's dtype."""
+    """A float32 input gives a float32 loss, whatever the target's dtype, and a float32 gradient."""
     for target in ((x > 0.5).astype(np.int64), np.zeros(x.shape)):
         loss = loss_fn(tt.tensor(x), tt.tensor(target))
         expect_equal(loss.dtype, np.dtype(np.float32), f"the dtype of {loss_fn.__name__} of float32 input and a "
                      f"{target.dtype} target (cast the target to the input's dtype)")
+    t = (x > 0.5).astype(np.float32)
+    _expect_float32_gradient(lambda v, reduction: loss_fn(v, tt.tensor(t), reduction=reduction), x, loss_fn.__name__)
 
 
 def np_bce_with_logits(x, t):
@@ -242,7 +277,7 @@ def np_bce_with_logits(x, t):
 
 @check(points=2, hint="binary_cross_entropy_with_logits: max(x, 0) - x t + log1p(exp(-|x|)), then reduce; backward "
                       "(sigmoid(x) - t) * g with the stable sigmoid where(x >= 0, 1, e) / (1 + e), e = exp(-|x|), and "
-                      "g = grad / N for 'mean'")
+                      "g = grad / N for 'mean', in the logits' dtype")
 def test_binary_cross_entropy_with_logits(student):
     x = np.array([[-3.0, -0.5, 0.0], [0.25, 2.0, 7.5]], dtype=np.float32)
     t = np.array([[0.0, 1.0, 0.3], [1.0, 0.0, 0.7]], dtype=np.float32)

@@ -86,7 +86,8 @@ class CrossEntropy(Function):
     probabilities ``(N, C)``, fused: one node, log-sum-exp stable.
 
     Backward: ``(softmax(logits) - onehot(target)) * g`` (``g = 1/N`` for "mean"),
-    or ``(softmax * sum(q) - q) * g`` for probability targets ``q``.
+    or ``(softmax * sum(q) - q) * g`` for probability targets ``q``. The loss and
+    the gradient have the logits' dtype.
     """
 
     def forward(self, logits: Any, target: Any, reduction: str) -> Any:
@@ -178,7 +179,7 @@ class BinaryCrossEntropy(Function):
     """``-(t * log(p) + (1 - t) * log(1 - p))``, each log clamped at -100.
 
     Backward: ``(p - t) / max(p * (1 - p), 1e-12)``, as in PyTorch, times each
-    element's share of ``grad`` (``_unreduce``).
+    element's share of ``grad`` (``_unreduce``), in ``probs``' dtype.
     """
 
     def forward(self, probs: Any, target: Any, reduction: str) -> Any:
@@ -199,7 +200,7 @@ class BinaryCrossEntropyWithLogits(Function):
     """``max(x, 0) - x * t + log(1 + exp(-|x|))``: BCE of ``sigmoid(x)``, stable for any x.
 
     Backward: ``sigmoid(x) - t`` times each element's share of ``grad`` (``_unreduce``),
-    with a sigmoid from ``exp(-|x|)`` that cannot overflow.
+    with a sigmoid from ``exp(-|x|)`` that cannot overflow, in the logits' dtype.
     """
 
     def forward(self, logits: Any, target: Any, reduction: str) -> Any:
