@@ -18,9 +18,11 @@ import numpy as np
 import pytest
 
 import tinytrain as tt
+import tinytrain.nn.checkpointing as checkpointing
 import tinytrain.nn.losses as losses
 import tinytrain.training as training
 from tinytrain.autograd import _accumulate, _freed_graph_error, _unshared, no_grad
+from tinytrain.serialization import capture_rng_state, restore_rng_state
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -224,3 +226,35 @@ def test_evaluate_counts_hits_of_one_hot_targets() -> None:
     graded.test_evaluate_edge_cases(_student(training))
     _fails(graded.test_evaluate_edge_cases, _student(training, Trainer=AccuracyForLabelsOnly),
            "evaluate's accuracy with one-hot targets", "got nan")
+
+
+# -- Module 13 ----------------------------------------------------------------------------------
+# A recompute whose output needs no gradient -- a frozen segment (no parameter requires grad) fed by
+# data, whose node exists only through the anchor -- has nothing to backpropagate. A Recompute.backward
+# that calls backward on it regardless raised RuntimeError there and yet earned full marks.
+
+def recompute_without_the_guard() -> type:
+    """The reference ``Recompute`` whose backward always backpropagates through the recomputed output."""
+
+    class Recompute(checkpointing.Recompute):  # the grader's node-type check reads the class name
+        def backward(self, grad):
+            inputs = [tt.Tensor._make(t.data, t._backend, t.requires_grad) for t in self.inputs[:-1]]
+            now = capture_rng_state()
+            restore_rng_state(self.rng)
+            try:
+                with checkpointing._enable_grad():
+                    out = self.function(*inputs)
+            finally:
+                restore_rng_state(now)
+            out.backward(tt.Tensor._make(grad, out._backend))
+            return tuple(None if t.grad is None else t.grad.data for t in inputs) + (None,)
+
+    return Recompute
+
+
+def test_checkpoint_of_a_frozen_segment_needs_the_guard(monkeypatch) -> None:
+    graded = _graded("13_scale")
+    graded.test_checkpoint_gradients_equal_plain(_student(checkpointing))
+    monkeypatch.setattr(checkpointing, "Recompute", recompute_without_the_guard())  # what checkpoint() applies
+    _fails(graded.test_checkpoint_gradients_equal_plain, _student(checkpointing),
+           "checkpoint(frozen, data)", "expected the head's gradient, got RuntimeError")

@@ -157,7 +157,11 @@ class Recompute(Function):
         (``_enable_grad``), and runs on fresh leaves holding the inputs' arrays
         (``Tensor._make(t.data, t._backend, t.requires_grad)``): on the input tensors
         themselves, the inner backward would run on into the outer graph, which the
-        outer backward then reaches a second time."""
+        outer backward then reaches a second time.
+
+        The recomputed output may need no gradient at all: a frozen segment (no parameter
+        requires grad) fed by data gets its node from the anchor alone. Then there is
+        nothing to backpropagate (``backward`` on it raises): return None for every input."""
         ### BEGIN SOLUTION
         inputs = [Tensor._make(t.data, t._backend, t.requires_grad) for t in self.inputs[:-1]]
         now = capture_rng_state()

@@ -70,7 +70,8 @@ def test_checkpoint_forward(student):
 
 @check(points=3, hint="Recompute.backward: restore the saved rng state, re-run the function with gradients on "
                       "(_enable_grad) on fresh copies of the inputs, backward(grad) through it, return each input's "
-                      "gradient (None for the anchor); the recomputed dropout masks must be the forward's",
+                      "gradient (None for the anchor; None for all when the recomputed output needs no gradient); the recomputed "
+                      "dropout masks must be the forward's",
        after="test_checkpoint_forward")
 def test_checkpoint_gradients_equal_plain(student):
     block = float64_block()
@@ -117,6 +118,25 @@ def test_checkpoint_gradients_equal_plain(student):
     for index, (a, b) in enumerate(zip(*grads)):
         expect_equal(b, a, f"the gradient of parameter {index} of a stack of checkpointed segments (the first fed "
                            f"by data that needs no gradient)")
+
+    # a frozen segment fed by data: its recomputed output needs no gradient (nothing to backpropagate)
+    tt.manual_seed(0)
+    frozen, head = nn.Sequential(nn.Linear(5, 4), nn.Tanh()), nn.Linear(4, 2)
+    for p in frozen.parameters():
+        p.requires_grad = False
+    head_grads = []
+    for wrap in (False, True):
+        head.zero_grad()
+        features = student.checkpoint(frozen, tt.tensor(X)) if wrap else frozen(tt.tensor(X))
+        try:
+            head(features).sum().backward()
+        except RuntimeError as error:
+            raise AssertionError(f"head(checkpoint(frozen, data)).sum().backward() with every parameter of `frozen` "
+                                 f"frozen: expected the head's gradient, got RuntimeError: {error} (when the "
+                                 f"recomputed output needs no gradient, return None for every input)") from None
+        head_grads.append(head.weight.grad.numpy())
+    expect_close(head_grads[1], head_grads[0], "the head's weight gradient after a checkpointed frozen segment "
+                 "fed by data", rtol=1e-6, atol=1e-7)
 
     # a residual: the segment's input is also used outside it (recompute on fresh leaves, not on the input itself)
     a = tt.tensor([1.0, 2.0], dtype="float64", requires_grad=True)
