@@ -44,6 +44,23 @@ def test_scaler_backs_off_on_overflow_and_grows_after_clean_steps():
     assert (restored.scale, restored.clean_steps, restored.skipped_steps) == (1024.0, 0, 1)
 
 
+def test_a_loaded_scaler_keeps_the_saved_settings_and_refuses_bad_states():
+    """A count of clean steps saved under growth_interval=2 once met a fresh scaler's 2000: it never grew again."""
+    saved = GradScaler(init_scale=8.0, growth_factor=4.0, backoff_factor=0.25, growth_interval=2)
+    saved.update(found_inf=False)
+    restored = GradScaler()
+    restored.load_state_dict(saved.state_dict())
+    assert restored.state_dict() == saved.state_dict()
+    restored.update(found_inf=False)
+    assert (restored.scale, restored.clean_steps) == (32.0, 0)
+
+    for bad, match in (({"clean_steps": 2}, r"clean_steps must lie in \[0, growth_interval=2\).*got 2"),
+                       ({"growth_interval": 0}, "growth_interval >= 1"), ({"scale": -1.0}, "init_scale > 0")):
+        with pytest.raises(ValueError, match=match):
+            restored.load_state_dict({**saved.state_dict(), **bad})
+        assert restored.state_dict() == {**saved.state_dict(), "scale": 32.0, "clean_steps": 0}  # unchanged
+
+
 def test_scaler_rejects_bad_settings_and_precision_names():
     with pytest.raises(ValueError, match="backoff_factor"):
         GradScaler(backoff_factor=2.0)

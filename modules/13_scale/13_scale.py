@@ -419,8 +419,21 @@ class GradScaler:
                 "growth_interval": self.growth_interval}
 
     def load_state_dict(self, state: dict) -> None:
-        self.scale, self.clean_steps = float(state["scale"]), int(state["clean_steps"])
-        self.skipped_steps = int(state.get("skipped_steps", 0))
+        """Restore the scale, the step counts and the settings that :meth:`state_dict` saved.
+
+        The settings come back too, as in PyTorch: a resumed run grows and backs off as the
+        saved one did (with this scaler's own growth_interval, a count of clean steps
+        saved under a shorter one would never reach it again). Checked before anything
+        changes: bad settings, or a count outside ``[0, growth_interval)``, raise ``ValueError``.
+        """
+        settings = {name: state.get(name, getattr(self, name))
+                    for name in ("growth_factor", "backoff_factor", "growth_interval")}
+        loaded = GradScaler(float(state["scale"]), **settings)  # checks the settings
+        loaded.clean_steps, loaded.skipped_steps = int(state["clean_steps"]), int(state.get("skipped_steps", 0))
+        if not 0 <= loaded.clean_steps < loaded.growth_interval or loaded.skipped_steps < 0:
+            raise ValueError(f"GradScaler state: clean_steps must lie in [0, growth_interval={loaded.growth_interval}) "
+                             f"and skipped_steps be >= 0; got {loaded.clean_steps} and {loaded.skipped_steps}")
+        vars(self).update(vars(loaded))
 
     def __repr__(self) -> str:
         return f"GradScaler(scale={self.scale:g}, clean_steps={self.clean_steps}/{self.growth_interval})"
