@@ -20,6 +20,7 @@ import pytest
 import tinytrain as tt
 import tinytrain.nn.checkpointing as checkpointing
 import tinytrain.nn.losses as losses
+import tinytrain.nn.transformer as transformer
 import tinytrain.training as training
 from tinytrain.autograd import _accumulate, _freed_graph_error, _unshared, no_grad
 from tinytrain.serialization import capture_rng_state, restore_rng_state
@@ -258,3 +259,41 @@ def test_checkpoint_of_a_frozen_segment_needs_the_guard(monkeypatch) -> None:
     monkeypatch.setattr(checkpointing, "Recompute", recompute_without_the_guard())  # what checkpoint() applies
     _fails(graded.test_checkpoint_gradients_equal_plain, _student(checkpointing),
            "checkpoint(frozen, data)", "expected the head's gradient, got RuntimeError")
+
+
+# -- Module 15 ----------------------------------------------------------------------------------
+# generate appends the ids drawn from next_token_probs to a context on the model's device. A
+# next_token_probs whose greedy branch built its one-hot table on the host (np.zeros, then
+# Tensor(probs)) earned 15/15, yet generate(temperature=0) of a model on a GPU (or the strict
+# device) raised "expected tensors on the same device". The docstring now says the result is on
+# the logits' device, and the check runs next_token_probs there.
+
+def next_token_probs_greedy_on_the_host(logits, temperature=1.0, top_k=None):
+    """A student's next_token_probs: right on the cpu, but its greedy table lives on the host."""
+    if temperature == 0:
+        probs = np.zeros(logits.shape)
+        probs[np.arange(logits.shape[0]), logits.argmax(axis=-1).numpy()] = 1.0
+        return tt.Tensor(probs)
+    return transformer.next_token_probs(logits, temperature, top_k)
+
+
+def next_token_probs_by_partition(logits, temperature=1.0, top_k=None):
+    """A correct variant: xp.eye rows for greedy, xp.partition for the k-th largest, all on the logits' device."""
+    xp, z = logits._backend.xp, logits.data
+    vocab = z.shape[-1]
+    if temperature == 0:
+        return tt.Tensor._make(xp.eye(vocab, dtype=z.dtype)[xp.argmax(z, axis=-1)], logits._backend)
+    z = z / temperature
+    if top_k is not None and top_k < vocab:
+        kth = xp.partition(z, vocab - top_k, axis=-1)[:, vocab - top_k:vocab - top_k + 1]
+        z = xp.where(z >= kth, z, -xp.inf)
+    e = xp.exp(z - z.max(axis=-1, keepdims=True))
+    return tt.Tensor._make(e / e.sum(axis=-1, keepdims=True), logits._backend)
+
+
+def test_next_token_probs_stays_on_the_logits_device() -> None:
+    graded = _graded("15_transformers")
+    graded.test_next_token_probs(_student(transformer))
+    graded.test_next_token_probs(_student(transformer, next_token_probs=next_token_probs_by_partition))
+    _fails(graded.test_next_token_probs, _student(transformer, next_token_probs=next_token_probs_greedy_on_the_host),
+           "temperature=0", "strict device", "expected 'strict:0', got 'cpu'")

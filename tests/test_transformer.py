@@ -98,6 +98,14 @@ def test_temperature_zero_is_argmax_and_small_temperatures_approach_it() -> None
                                nn.next_token_probs(logits, temperature=0).numpy(), atol=1e-6)
 
 
+def test_greedy_generation_stays_on_the_models_device(device) -> None:
+    """generate(temperature=0) appends to a context on the model's device: next_token_probs's one-hot rows live there."""
+    model = tiny(device, dtype=None)
+    probs = nn.next_token_probs(model(ids((2, 3), device=device))[:, -1], temperature=0)
+    assert str(probs.device) == str(model.wte.weight.device) and probs.dtype == np.float32
+    greedy = model.generate(ids((2, 3), device=device), 6, temperature=0)
+    assert np.array_equal(greedy.numpy(), tiny(dtype=None).generate(ids((2, 3)), 6, temperature=0).numpy())
+
 def test_sample_follows_the_probabilities() -> None:
     tt.manual_seed(0)
     probs = tt.tensor(np.tile([[0.1, 0.0, 0.6, 0.3]], (20000, 1)))

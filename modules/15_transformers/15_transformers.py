@@ -494,6 +494,10 @@ print(f"GPT-2 small: {gpt_num_parameters(gpt2) / 1e6:.1f} M parameters, "
 # row's maximum before `exp`). `xp = logits._backend.xp` is the array
 # library (`xp.sort`, `xp.where`, `xp.argmax`…) if you want it, and
 # `Tensor._make(array, logits._backend)` wraps an array back into a tensor.
+# The probabilities must stay on the logits' device, with their dtype: on a
+# GPU, `generate` appends the ids drawn from them to a context that lives
+# there, so a table built on the host (`np.zeros`, `Tensor(array)`) breaks
+# generation on every device but the CPU.
 # `sample(probs)` (given) then draws one id per row: a uniform $u$ per row from
 # the device's generator, and the first id whose cumulative probability passes
 # $u$ — so `tt.manual_seed` makes generation reproducible.
@@ -505,8 +509,9 @@ def next_token_probs(logits: Tensor, temperature: float = 1.0, top_k: int | None
     ``temperature > 0``: ``softmax(logits / temperature)`` over the ``top_k`` largest logits of
     each row (all when ``top_k`` is None; a logit equal to the k-th largest is kept too); the
     others get probability 0. ``temperature == 0``: greedy, probability 1 for the largest logit
-    of each row (the first of equal ones) and 0 elsewhere. The result has the logits' dtype;
-    the logits themselves stay as they were (``logits.data`` is the caller's array).
+    of each row (the first of equal ones) and 0 elsewhere. The result is on the logits' device,
+    with their dtype (``generate`` appends the ids drawn from it to the context there); the
+    logits themselves stay as they were (``logits.data`` is the caller's array).
     """
     if logits.ndim != 2:
         raise ValueError(f"next_token_probs expects logits of shape (B, V), got {logits.shape}")

@@ -144,7 +144,9 @@ def test_forward_and_loss(student):
 
 @check(points=2, hint="next_token_probs: temperature == 0: a one-hot row at argmax (the first maximum); otherwise "
                       "z = logits / temperature, with top_k set every z below the k-th largest of its row to -inf "
-                      "(xp.sort(z, axis=-1)[:, -top_k]), then a stable softmax over the last axis")
+                      "(xp.sort(z, axis=-1)[:, -top_k]), then a stable softmax over the last axis; the result on "
+                      "the logits' device, in their dtype (xp = logits._backend.xp, Tensor._make(array, "
+                      "logits._backend))")
 def test_next_token_probs(student):
     z = np.array([[2.0, 1.0, 0.0, -1.0, 0.5], [0.0, 3.0, 3.0, 1.0, 3.0], [-5.0, 7.0, 1.0, 1.0, 6.5]])
     for temperature, top_k in [(1.0, None), (0.5, None), (2.0, None), (1.0, 2), (0.7, 3), (1.0, 1), (1.5, 4),
@@ -157,6 +159,22 @@ def test_next_token_probs(student):
     rows = [[1000.0, 999.0, -1000.0], [-1000.0, -1001.0, -3000.0]]
     expect_close(student.next_token_probs(tt.tensor(rows)), ref_probs(rows, 1.0, None),
                  f"next_token_probs of logits {rows} (subtract each ROW's maximum before exp)")
+    for temperature, top_k in [(1.0, None), (0.7, 3), (0, None)]:
+        expect_probs_on_the_device(student, z, temperature, top_k)
+
+
+def expect_probs_on_the_device(student, z, temperature, top_k):
+    """next_token_probs of logits on the strict device: there, in float32, the same numbers as on the cpu
+    (on a GPU, generate appends the ids drawn from them to a context that lives on the GPU)."""
+    what = f"next_token_probs(logits, temperature={temperature}, top_k={top_k}) of float32 logits on the strict device"
+    try:
+        got = student.next_token_probs(tt.tensor(z, device="strict"), temperature=temperature, top_k=top_k)
+    except TypeError as error:
+        raise AssertionError(f"{what}: expected its probabilities, got TypeError: {error} (work with "
+                             "xp = logits._backend.xp, not NumPy)") from None
+    expect_equal(str(got.device), "strict:0", f"the device of {what} (the logits' device: build the result with "
+                                              "xp and Tensor._make(array, logits._backend), not on the host)")
+    expect_close(got.numpy(), ref_probs(z, temperature, top_k), what, dtype="float32")
 
 
 @check(points=1, hint="generate draws from next_token_probs: top-k must give the other logits probability 0, and "

@@ -271,8 +271,9 @@ def next_token_probs(logits: Tensor, temperature: float = 1.0, top_k: int | None
     ``temperature > 0``: ``softmax(logits / temperature)`` over the ``top_k`` largest logits of
     each row (all when ``top_k`` is None; a logit equal to the k-th largest is kept too); the
     others get probability 0. ``temperature == 0``: greedy, probability 1 for the largest logit
-    of each row (the first of equal ones) and 0 elsewhere. The result has the logits' dtype;
-    the logits themselves stay as they were (``logits.data`` is the caller's array).
+    of each row (the first of equal ones) and 0 elsewhere. The result is on the logits' device,
+    with their dtype (``generate`` appends the ids drawn from it to the context there); the
+    logits themselves stay as they were (``logits.data`` is the caller's array).
     """
     if logits.ndim != 2:
         raise ValueError(f"next_token_probs expects logits of shape (B, V), got {logits.shape}")

@@ -68,7 +68,7 @@ def next_token_probs(logits, temperature=1.0, top_k=None):
         best = logits.argmax(axis=-1).numpy()
         probs = np.zeros(logits.shape)
         probs[np.arange(logits.shape[0]), best] = 1.0
-        return Tensor(probs)
+        return Tensor(probs, dtype=logits.dtype, device=logits.device)
     z = logits / temperature
     if top_k is not None:
         xp = logits._backend.xp
