@@ -25,6 +25,8 @@ import tinytrain.training as training
 from tinytrain.autograd import _accumulate, _freed_graph_error, _unshared, no_grad
 from tinytrain.serialization import capture_rng_state, restore_rng_state
 
+tensor_module = importlib.import_module("tinytrain.tensor")  # the module: tt.tensor is the factory function
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -46,6 +48,27 @@ def _fails(check, student, *expected: str) -> None:
         check(student)
     for text in expected:
         assert text in str(failure.value), str(failure.value)
+
+
+# -- Module 01 ----------------------------------------------------------------------------------
+# The factories take requires_grad (the lesson: "plus dtype, device and requires_grad"); only zeros'
+# was graded, so a ones that dropped the flag earned 14/14. Later code builds leaves with it: Module
+# 05's graded test_dropout (w = tt.ones(1000, requires_grad=True), run on the student's library) then
+# raised "backward() on a tensor that does not require grad" for a correct dropout, and Module 02's
+# lesson hands Add.backward two such leaves.
+
+def _ones_without_requires_grad(*shape, dtype=None, device=None, requires_grad=False):
+    """A student's ones that forgets to pass requires_grad on."""
+    return tensor_module.ones(*shape, dtype=dtype, device=device)
+
+
+def test_correct_factories_pass_the_zeros_ones_check():
+    _graded("01_tensor").test_zeros_ones(_student(tensor_module))
+
+
+def test_a_ones_that_drops_requires_grad_loses_its_point():
+    _fails(_graded("01_tensor").test_zeros_ones, _student(tensor_module, ones=_ones_without_requires_grad),
+           "ones(2, requires_grad=True).requires_grad", "expected True")
 
 
 # -- Module 02 ----------------------------------------------------------------------------------
