@@ -99,12 +99,13 @@ def test_temperature_zero_is_argmax_and_small_temperatures_approach_it() -> None
 
 
 def test_greedy_generation_stays_on_the_models_device(device) -> None:
-    """generate(temperature=0) appends to a context on the model's device: next_token_probs's one-hot rows live there."""
+    """generate(temperature=0) appends to a context on the model's device: the greedy one-hot rows live there."""
     model = tiny(device, dtype=None)
     probs = nn.next_token_probs(model(ids((2, 3), device=device))[:, -1], temperature=0)
     assert str(probs.device) == str(model.wte.weight.device) and probs.dtype == np.float32
     greedy = model.generate(ids((2, 3), device=device), 6, temperature=0)
     assert np.array_equal(greedy.numpy(), tiny(dtype=None).generate(ids((2, 3)), 6, temperature=0).numpy())
+
 
 def test_sample_follows_the_probabilities() -> None:
     tt.manual_seed(0)

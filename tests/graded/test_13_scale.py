@@ -70,8 +70,8 @@ def test_checkpoint_forward(student):
 
 @check(points=3, hint="Recompute.backward: restore the saved rng state, re-run the function with gradients on "
                       "(_enable_grad) on fresh copies of the inputs, backward(grad) through it, return each input's "
-                      "gradient (None for the anchor; None for all when the recomputed output needs no gradient); the recomputed "
-                      "dropout masks must be the forward's",
+                      "gradient (None for the anchor; None for all when the recomputed output needs no "
+                      "gradient); the recomputed dropout masks must be the forward's",
        after="test_checkpoint_forward")
 def test_checkpoint_gradients_equal_plain(student):
     block = float64_block()
