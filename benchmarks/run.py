@@ -205,6 +205,10 @@ def rows(report: dict[str, Any]) -> list[dict[str, Any]]:
 
     add("MLP step 784-256-128-10, batch 128", "ms", seconds(report["mlp_step"]), 1e3,
         {"numpy": TARGETS["mlp_vs_numpy"], "torch": TARGETS["mlp_vs_torch"]})
+    mlp = report["mlp_step"]
+    if "numpy_column_major" in mlp:  # the same array work as tinytrain's: the ratio is the framework's own cost
+        add("MLP step against NumPy with tinytrain's column-major weights", "ms",
+            {"tinytrain": mlp["tinytrain"]["seconds"], "numpy": mlp["numpy_column_major"]["seconds"], "torch": None}, 1e3)
     if report["cnn"]:
         for shape, limit in (("mnist", TARGETS["cnn_mnist_vs_torch"]), ("cifar", TARGETS["cnn_cifar_vs_torch"])):
             n, c, size, _, _ = cnn_step.SHAPES[shape]

@@ -13,6 +13,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
 import cnn_epoch  # noqa: E402
 import conv_layer  # noqa: E402
+import mlp_step  # noqa: E402
 from _timing import torch_or_none  # noqa: E402
 
 
@@ -30,6 +31,20 @@ def test_conv_layer_sides_compute_the_same_convolution(index) -> None:
 def test_conv_layer_first_layers_of_each_dataset_skip_the_input_gradient() -> None:
     needs = [conv_layer.layer_data(index)[3] for index in range(len(conv_layer.LAYERS))]
     assert needs == [False, True, True, True, False, True, True, True, True, True]
+
+
+def test_mlp_step_sides_compute_the_same_losses_and_the_column_major_numpy_keeps_its_order() -> None:
+    """The column-major NumPy step is the framework-free twin of tinytrain's array work: same losses, and
+    weights, gradients and momentum buffers stay column-major (a row-major gradient would slow its update)."""
+    sides = ["tinytrain", "numpy", "numpy_column_major"] + (["torch"] if torch_or_none() is not None else [])
+    steps = {side: mlp_step.build(side) for side in sides}
+    losses = {side: [step() for _ in range(3)] for side, step in steps.items()}
+    for side in sides[1:]:
+        np.testing.assert_allclose(losses[side], losses["tinytrain"], rtol=1e-4, atol=1e-5, err_msg=side)
+    step = steps["numpy_column_major"]
+    cells = dict(zip(step.__code__.co_freevars, (cell.cell_contents for cell in step.__closure__)))
+    for weight, buffer in zip(cells["params"][::2], cells["buffers"][::2]):
+        assert weight.flags.f_contiguous and not weight.flags.c_contiguous and buffer.flags.f_contiguous
 
 
 def test_cnn_epoch_runs_the_milestone_on_data_of_the_datasets_shape(monkeypatch, tmp_path) -> None:
