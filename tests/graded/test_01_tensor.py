@@ -195,6 +195,15 @@ def test_tensor_construction(student):
     expect_equal(y.numpy(), np.array([1.0, 2.0], dtype=np.float32), "tensor([1.0, 2.0], device='strict')")
 
 
+def _expect_on_strict(student, factory: str, source: str) -> None:
+    """``factory(2, device="strict")`` is on the strict device and holds that device's array (``source`` says how)."""
+    made = getattr(student, factory)(2, device="strict")
+    expect_equal(made.device, "strict:0", f"{factory}(2, device='strict').device")
+    assert student.get_backend("strict").is_array(made.data), \
+        f"{factory}(2, device='strict').data: expected an array of the strict device ({source}), " \
+        f"got {type(made.data).__name__}"
+
+
 @check(points=1, hint="zeros/ones take f(2, 3) or f((2, 3)), dtype (default float32), device and requires_grad")
 def test_zeros_ones(student):
     expect_equal(student.zeros(2, 3).shape, (2, 3), "zeros(2, 3).shape")
@@ -212,12 +221,7 @@ def test_zeros_ones(student):
         make = getattr(student, name)
         expect_equal(make(2, requires_grad=True).requires_grad, True, f"{name}(2, requires_grad=True).requires_grad")
         expect_equal(make(2).requires_grad, False, f"{name}(2).requires_grad")
-    strict = student.get_backend("strict")
-    for name in ("zeros", "ones"):
-        made = getattr(student, name)(3, device="strict")
-        expect_equal(made.device, "strict:0", f"{name}(3, device='strict').device")
-        assert strict.is_array(made.data), f"{name}(3, device='strict').data: expected an array of the strict " \
-                                           f"device (made with the backend's xp), got {type(made.data).__name__}"
+        _expect_on_strict(student, name, "made with the backend's xp")
 
 
 @check(points=2, hint="randn/rand draw from the backend's generator (random_normal/random_uniform with the shape and "
@@ -251,9 +255,5 @@ def test_randn_rand(student):
     one, two = student.randn(3).numpy(), student.randn(3).numpy()
     assert not np.array_equal(one, two), f"two randn(3) after one manual_seed(0): expected different draws (the " \
                                          f"generator goes on), got {one} twice"
-    strict = student.get_backend("strict")
     for name in ("randn", "rand"):
-        made = getattr(student, name)(2, device="strict")
-        expect_equal(made.device, "strict:0", f"{name}(2, device='strict').device")
-        assert strict.is_array(made.data), f"{name}(2, device='strict').data: expected an array of the strict " \
-                                           f"device (from its generator), got {type(made.data).__name__}"
+        _expect_on_strict(student, name, "from its generator")
