@@ -71,6 +71,13 @@ import numpy as np
 DEFAULT_FLOAT = np.dtype("float32")
 
 
+def _is_basic_index(index: Any) -> bool:
+    """Whether ``index`` is NumPy's basic indexing: ints, slices, ``None`` and ``...`` only (no arrays or bools)."""
+    parts = index if isinstance(index, tuple) else (index,)
+    return all(isinstance(part, (int, np.integer, slice, type(None), type(Ellipsis))) and not isinstance(part, bool)
+               for part in parts)
+
+
 class Backend:
     """Array math for one device. Subclasses set ``xp`` and override what differs.
 
@@ -110,8 +117,20 @@ class Backend:
         return np.asarray(array)
 
     def scatter_add(self, target: Any, index: Any, values: Any) -> None:
-        """``target[index] += values`` in place, adding up repeated indices."""
-        np.add.at(target, index, values)
+        """``target[index] += values`` in place, adding up repeated indices.
+
+        Only an integer array in ``index`` can name a position twice, and only then
+        is ``np.add.at`` (which adds element by element) needed. Any other index
+        (ints, slices, ``None``, ``...``) picks a view of distinct positions, where
+        one vectorised add is exact and 20-100x faster. Both cast as ``np.add.at``
+        does (unsafely: float values added to an int target are truncated).
+        """
+        if _is_basic_index(index):
+            parts = index if isinstance(index, tuple) else (index,)
+            view = target[parts if Ellipsis in parts else parts + (Ellipsis,)]  # `...` keeps even one element a view
+            np.add(view, values, out=view, casting="unsafe")
+        else:
+            np.add.at(target, index, values)
 
     def pad(self, array: Any, pad_width: Any, value: float = 0.0) -> Any:
         """Pad with a constant; ``pad_width`` as in ``numpy.pad``."""

@@ -681,7 +681,9 @@ print("stable softmax and sigmoid OK")
 # from in a zero array of `x`'s shape. With an integer array the same element can
 # be picked twice (`x[[0, 0]]`), and then both gradients must *add up*:
 # `g[idx] = grad` would keep only one, so we use the backend's `scatter_add`
-# (NumPy's `np.add.at`). `stack`/`concatenate` split the gradient back into
+# (NumPy's `np.add.at`, which adds element by element; for ints and slices, which
+# cannot repeat a position, the backend takes one vectorised add instead, just as
+# fast as `g[idx] = grad`). `stack`/`concatenate` split the gradient back into
 # pieces, `where` routes it to the branch that was chosen, and `to(device)` copies
 # it back to the device the input came from. You write `GetItem`'s backward; the
 # others are given.
