@@ -1,6 +1,8 @@
 """The benchmark scripts measure what they say: the sides compute the same thing, the epoch is the milestone's."""
 from __future__ import annotations
 
+import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -8,12 +10,14 @@ import numpy as np
 import pytest
 
 from tinytrain.course import milestones
+from tinytrain.course.inventory import installed_modules
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
 import cnn_epoch  # noqa: E402
 import conv_layer  # noqa: E402
 import mlp_step  # noqa: E402
+import student_library  # noqa: E402
 from _timing import torch_or_none  # noqa: E402
 
 
@@ -95,3 +99,21 @@ def test_run_names_numpys_blas_without_threadpoolctl(monkeypatch) -> None:
     assert found.endswith("(kernels: pip install threadpoolctl to see them)") or found.startswith("unknown")
     if np.lib.NumpyVersion(np.__version__) >= "1.26.0":
         assert np.show_config(mode="dicts")["Build Dependencies"]["blas"]["name"] in found
+
+
+def test_the_student_library_holds_every_students_code_and_the_steps_run_on_it(tmp_path) -> None:
+    library = student_library.student_library(tmp_path)
+    modules = installed_modules(library / "tinytrain")
+    assert sorted(modules) == sorted(path.stem for path in student_library.SOLUTIONS.glob("[0-9][0-9]_*.py"))
+    for module in modules.values():
+        assert module.targets and module.exported == module.targets, f"{module.name}: {module.targets}"
+    probe = ("import json, sys; sys.path.insert(0, sys.argv[1]); import _timing, student_library; "
+             "step = student_library.build(sys.argv[2], 'mlp'); import tinytrain; "
+             "print(json.dumps([tinytrain.__file__] + [step() for _ in range(3)]))")
+    ran = subprocess.run([sys.executable, "-c", probe, str(Path(student_library.__file__).parent), str(library)],
+                         capture_output=True, text=True)
+    assert ran.returncode == 0, ran.stderr
+    where, *losses = json.loads(ran.stdout)
+    assert Path(where).is_relative_to(library)
+    reference = mlp_step.build("tinytrain")
+    np.testing.assert_allclose(losses, [reference() for _ in range(3)], rtol=1e-4, atol=1e-5)
