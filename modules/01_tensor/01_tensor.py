@@ -71,11 +71,9 @@ import numpy as np
 DEFAULT_FLOAT = np.dtype("float32")
 
 
-def _is_basic_index(index: Any) -> bool:
-    """Whether ``index`` is NumPy's basic indexing: ints, slices, ``None`` and ``...`` only (no arrays or bools)."""
-    parts = index if isinstance(index, tuple) else (index,)
-    return all(isinstance(part, (int, np.integer, slice, type(None), type(Ellipsis))) and not isinstance(part, bool)
-               for part in parts)
+def _is_basic(part: Any) -> bool:
+    """Whether one part of an index is basic indexing: an int, a slice, ``None`` or ``...`` (no array, no bool)."""
+    return isinstance(part, (int, np.integer, slice, type(None), type(Ellipsis))) and not isinstance(part, bool)
 
 
 class Backend:
@@ -125,8 +123,8 @@ class Backend:
         one vectorised add is exact and 20-100x faster. Both cast as ``np.add.at``
         does (unsafely: float values added to an int target are truncated).
         """
-        if _is_basic_index(index):
-            parts = index if isinstance(index, tuple) else (index,)
+        parts = index if isinstance(index, tuple) else (index,)
+        if all(_is_basic(part) for part in parts):
             view = target[parts if Ellipsis in parts else parts + (Ellipsis,)]  # `...` keeps even one element a view
             np.add(view, values, out=view, casting="unsafe")
         else:
