@@ -166,6 +166,28 @@ def test_a_getitem_that_always_scatters_passes_the_indexing_checks(name):
     getattr(_graded("02_autograd"), name)(_student(tt.ops, GetItem=_GetItemThatAlwaysScatters))
 
 
+# -- Module 03 ----------------------------------------------------------------------------------
+# The lesson's table gives tanh x = 2 sigmoid(2x) - 1. Near 0 that subtracts two numbers close to 1
+# and keeps few digits (tanh(1e-4) 1.7e-4 off in float32), and so does (e^x - e^-x) / (e^x + e^-x):
+# both earned 12/12. The docstring now asks for np.tanh's precision there; x.tanh() has it.
+
+def _tanh_from_sigmoid(x):
+    return 2 * (2 * x).sigmoid() - 1
+
+
+def _tanh_from_exponentials(x):
+    grow, decay = x.clip(-40.0, 40.0).exp(), (-x.clip(-40.0, 40.0)).exp()  # clipped: no inf / inf
+    return (grow - decay) / (grow + decay)
+
+
+def test_a_tanh_that_cancels_digits_near_zero_loses_its_point():
+    graded, activations = _graded("03_activations"), importlib.import_module("tinytrain.nn.activations")
+    graded.test_tanh(_student(activations))
+    for variant in (_tanh_from_sigmoid, _tanh_from_exponentials):
+        _fails(graded.test_tanh, _student(activations, tanh=variant), "tanh([0.0001, -0.003, 2e-06]) in float32",
+               "lose digits")
+
+
 # -- Module 06 ----------------------------------------------------------------------------------
 # A loss's backward must hand its input a gradient of the input's dtype (Module 02: keep the dtype).
 # A float64 one is cast back only at the leaves, so every layer below the loss ran its backward in

@@ -89,11 +89,17 @@ def test_sigmoid(student):
                  rtol=1e-4, atol=1e-7)
 
 
-@check(points=1, hint="tanh(x) is x.tanh(); its values lie in [-1, 1], exactly +-1 (never nan) for large |x|")
+@check(points=1, hint="tanh(x) is x.tanh(); its values lie in [-1, 1], exactly +-1 (never nan) for large |x|, "
+                     "and keep their digits near 0")
 def test_tanh(student):
     values = X + [-1000.0, 1000.0]
     y, grad = _backward(student.tanh, values, UPSTREAM + [1.0, 1.0], dtype="float32")
     expect_close(y, np.tanh(values), f"tanh({values})", rtol=1e-5, dtype="float32")
+    small = [1e-4, -3e-3, 2e-6]  # tanh(x) ~ x: 2 * sigmoid(2x) - 1 cancels digits here
+    expect_close(student.tanh(tt.tensor(small)), np.tanh(np.array(small, dtype=np.float32)),
+                 f"tanh({small}) in float32, to 1e-5 relative (near 0 tanh(x) is about x; 2 * sigmoid(2x) - 1 "
+                 "and (e^x - e^-x) / (e^x + e^-x) subtract nearly equal numbers there and lose digits)",
+                 rtol=1e-5, atol=0, dtype="float32")
     y, grad = _backward(student.tanh, X, UPSTREAM, dtype="float32")
     expect_close(grad, np.array(UPSTREAM) * (1 - np.tanh(X) ** 2), f"gradient of tanh at {X}", rtol=1e-4, atol=1e-7)
 

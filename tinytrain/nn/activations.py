@@ -36,7 +36,10 @@ def tanh(x: Tensor) -> Tensor:
     """Hyperbolic tangent, elementwise: ``(e^x - e^-x) / (e^x + e^-x)``, in (-1, 1).
 
     Exactly +-1 for large ``|x|``, never nan (that formula as written gives
-    inf / inf = nan in float32 beyond ``|x|`` of about 44). Derivative ``1 - tanh(x)**2``.
+    inf / inf = nan in float32 beyond ``|x|`` of about 44), and as precise as
+    ``np.tanh`` near 0, where ``tanh(x)`` is about ``x``: that formula and
+    ``2 * sigmoid(2x) - 1`` subtract nearly equal numbers there and lose digits
+    (``tanh(1e-4)`` comes out with a relative error of 1.7e-4 in float32). Derivative ``1 - tanh(x)**2``.
     """
     return x.tanh()
 
