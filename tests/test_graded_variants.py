@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 import tinytrain as tt
+import tinytrain.callbacks as callbacks
 import tinytrain.nn.checkpointing as checkpointing
 import tinytrain.nn.losses as losses
 import tinytrain.nn.transformer as transformer
@@ -287,6 +288,29 @@ def test_evaluate_counts_hits_of_one_hot_targets() -> None:
     graded.test_evaluate_edge_cases(_student(training))
     _fails(graded.test_evaluate_edge_cases, _student(training, Trainer=AccuracyForLabelsOnly),
            "evaluate's accuracy with one-hot targets", "got nan")
+
+
+# -- Module 10 ----------------------------------------------------------------------------------
+# EarlyStopping stops once wait reaches patience. Counted with `==`, a callback that had stopped never
+# stopped again in a second fit (wait went past patience), and earned full marks; the docstring now
+# says that a wait past patience stops too.
+
+class _EarlyStoppingOnlyAtPatience(callbacks.EarlyStopping):
+    def on_epoch_end(self, trainer, logs):
+        value = callbacks._monitored(logs, self.monitor)
+        if callbacks._improves(value, self.best, self.mode, self.min_delta):
+            self.best, self.best_epoch, self.wait = value, trainer.epoch, 0
+            return
+        self.wait += 1
+        if self.wait == self.patience:
+            trainer.stop_training, self.stopped_epoch = True, trainer.epoch
+
+
+def test_an_early_stopping_that_stops_only_when_wait_equals_patience_loses_its_point():
+    graded = _graded("10_checkpoints")
+    graded.test_early_stopping(_student(callbacks))
+    _fails(graded.test_early_stopping, _student(callbacks, EarlyStopping=_EarlyStoppingOnlyAtPatience),
+           "already stopped", "expected (1, 4, 1), got (2, 5, 8)")
 
 
 # -- Module 13 ----------------------------------------------------------------------------------

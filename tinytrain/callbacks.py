@@ -230,8 +230,9 @@ class EarlyStopping(Callback):
     ``_improves``), ``best`` becomes that value, ``best_epoch`` the epoch
     (``trainer.epoch``) and ``wait`` 0 -- so with ``min_delta`` an epoch that beats
     ``best`` by less does not move it. Otherwise ``wait`` grows by one, and when it
-    reaches ``patience`` the callback sets ``trainer.stop_training = True`` and
-    ``stopped_epoch`` to the epoch. With ``restore_best=True`` every improvement also
+    reaches ``patience`` or is past it (a second ``fit`` with the same callback counts
+    on from where the first stopped) the callback sets ``trainer.stop_training = True``
+    and ``stopped_epoch`` to the epoch. With ``restore_best=True`` every improvement also
     keeps a copy of the weights (``trainer.model.state_dict()``) in ``_best_weights``,
     and the model gets them back when ``fit`` ends.
     """

@@ -350,6 +350,11 @@ def test_early_stopping(student):
                  "EarlyStopping(patience=3) on eval_loss 1.0, 0.8, 0.85, 0.9, 0.7, 0.75, 0.76, 0.77, ...: (the epoch "
                  "it stops after, stopped_epoch, wait) -- the count restarts at the improvement of epoch 5")
     expect_equal((patient.best, patient.best_epoch), (0.7, 5), "(best, best_epoch)")
+    trainer = run_early_stopping(patient, [0.9, 0.8])  # a second fit with the same callback: wait counts on
+    expect_equal((trainer.epoch, patient.wait, patient.stopped_epoch), (1, 4, 1),
+                 "the same EarlyStopping(patience=3), already stopped, then fed 0.9, 0.8 (as a second fit would): "
+                 "(epochs run, wait, stopped_epoch) -- wait is past patience, so the first epoch without an "
+                 "improvement stops it")
     accuracy = student.EarlyStopping(monitor="eval_accuracy", patience=1)  # mode "auto": higher is better
     trainer = run_early_stopping(accuracy, [0.5, 0.6, 0.7, 0.8], "eval_accuracy")
     expect_equal((trainer.epoch, accuracy.stopped_epoch), (4, None),
