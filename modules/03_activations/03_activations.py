@@ -144,6 +144,9 @@ assert np.allclose(sigmoid(x).numpy(), 1 / (1 + np.exp([2.0, 0.0, -3.0])))
 assert np.allclose(tanh(x).numpy(), np.tanh([-2.0, 0.0, 3.0]))
 big = tt.tensor([-1000.0, 1000.0])
 assert sigmoid(big).numpy().tolist() == [0.0, 1.0] and tanh(big).numpy().tolist() == [-1.0, 1.0]
+small = tt.tensor([1e-4])
+assert np.allclose(tanh(small).numpy(), np.tanh(small.numpy()), rtol=1e-6, atol=0), \
+    f"tanh(1e-4) should keep its digits (np.tanh gives {np.tanh(small.numpy())[0]:.8g}), got {tanh(small).numpy()[0]:.8g}"
 print("relu, sigmoid, tanh OK")
 
 # %% [markdown]
