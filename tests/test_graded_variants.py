@@ -19,6 +19,7 @@ import pytest
 
 import tinytrain as tt
 import tinytrain.callbacks as callbacks
+import tinytrain.cuda as cuda
 import tinytrain.nn.checkpointing as checkpointing
 import tinytrain.nn.losses as losses
 import tinytrain.nn.transformer as transformer
@@ -311,6 +312,60 @@ def test_an_early_stopping_that_stops_only_when_wait_equals_patience_loses_its_p
     graded.test_early_stopping(_student(callbacks))
     _fails(graded.test_early_stopping, _student(callbacks, EarlyStopping=_EarlyStoppingOnlyAtPatience),
            "already stopped", "expected (1, 4, 1), got (2, 5, 8)")
+
+
+# -- Module 12 ----------------------------------------------------------------------------------
+# A student's read: four load_state variants that break its docstring ("those three keys and no
+# others", "Python ints", "a seed of 2**64 or more is kept modulo 2**64"), and a matmul_cost that
+# counts FLOPs in a float, earned 10/10. The course's own student refused big seeds and took NumPy ints.
+
+def _loading(valid, keep):
+    """A DrawCounter whose load_state accepts what ``valid(state)`` accepts and keeps ``keep(seed)``."""
+
+    class Loading(cuda.DrawCounter):
+        def load_state(self, state):
+            if not valid(state):
+                raise ValueError(f"expected {{'generator': {cuda.GENERATOR!r}, ...}}, got {state!r}")
+            self.seed, self.draws = keep(state["seed"]), state["draws"]
+
+    return Loading
+
+
+def _plain(state, integer=int):
+    return (isinstance(state, dict) and set(state) == {"generator", "seed", "draws"}
+            and state["generator"] == cuda.GENERATOR
+            and all(isinstance(state[key], integer) and not isinstance(state[key], bool) and state[key] >= 0
+                    for key in ("seed", "draws")))
+
+
+_LOAD_STATE_VARIANTS = {
+    "keeps a seed >= 2**64 whole": (_loading(_plain, lambda seed: seed), "test_draw_counter_round_trip"),
+    "refuses a seed >= 2**64": (_loading(lambda state: _plain(state) and state["seed"] < 2**64, lambda seed: seed),
+                                "test_draw_counter_round_trip"),
+    "takes extra keys": (_loading(lambda state: isinstance(state, dict) and _plain(
+        {key: state[key] for key in ("generator", "seed", "draws") if key in state}), lambda seed: seed % 2**64),
+        "test_draw_counter_refuses_foreign_states"),
+    "takes NumPy ints": (_loading(lambda state: _plain(state, (int, np.integer)), lambda seed: int(seed) % 2**64),
+                         "test_draw_counter_refuses_foreign_states"),
+}
+
+
+@pytest.mark.parametrize("variant", list(_LOAD_STATE_VARIANTS))
+def test_a_load_state_that_breaks_its_docstring_loses_points(variant):
+    counter, check_name = _LOAD_STATE_VARIANTS[variant]
+    graded = _graded("12_accelerators")
+    with pytest.raises((AssertionError, ValueError)):
+        getattr(graded, check_name)(_student(cuda, DrawCounter=counter))
+    correct = _loading(_plain, lambda seed: seed % 2**64)
+    graded.test_draw_counter_round_trip(_student(cuda, DrawCounter=correct))
+    graded.test_draw_counter_refuses_foreign_states(_student(cuda, DrawCounter=correct))
+
+
+def test_a_matmul_cost_in_floats_loses_its_point():
+    graded = _graded("12_accelerators")
+    graded.test_cost_model(_student(cuda))
+    _fails(graded.test_cost_model, _student(cuda, matmul_cost=lambda m, k, n, itemsize=4: (
+        2.0 * m * k * n, itemsize * (m * k + k * n + m * n))), "exact Python ints", "'float'")
 
 
 # -- Module 13 ----------------------------------------------------------------------------------

@@ -31,7 +31,8 @@ def matmul_cost(m: int, k: int, n: int, itemsize: int = 4) -> tuple[int, int]:
 
     FLOPs: ``2*m*k*n`` (one multiply and one add per term). Bytes: the least
     memory traffic there can be -- read both inputs once, write the output once --
-    ``itemsize * (m*k + k*n + m*n)``.
+    ``itemsize * (m*k + k*n + m*n)``. Both are exact Python ints (a float keeps only
+    53 bits: the FLOPs of a product of 10**6-sized sides lose their last digits).
     """
     return 2 * m * k * n, itemsize * (m * k + k * n + m * n)
 
@@ -80,16 +81,18 @@ class DrawCounter:
     def load_state(self, state: Any) -> None:
         """Restore what :meth:`state` returned.
 
-        A state is ``{"generator": GENERATOR, "seed": int, "draws": int}`` whose
-        seed and draw count are Python ints >= 0 (a bool or a float is refused; a
-        seed of 2**64 or more is kept modulo 2**64, as ``__init__`` does). Anything
+        A state is ``{"generator": GENERATOR, "seed": int, "draws": int}``, those three
+        keys and no others, whose seed and draw count are Python ints >= 0 (a bool, a
+        float or a NumPy integer is refused; a seed of 2**64 or more is kept modulo
+        2**64, as ``__init__`` does). Anything
         else raises ``ValueError`` naming both what was expected (the generator's
         name) and the state given, shown with ``repr`` (``f"... got {state!r}"``).
         Check everything before setting anything: a refused state changes nothing.
         """
         valid = (
             isinstance(state, dict)
-            and state.get("generator") == GENERATOR
+            and set(state) == {"generator", "seed", "draws"}
+            and state["generator"] == GENERATOR
             and all(type(state.get(key)) is int and state[key] >= 0 for key in ("seed", "draws"))
         )
         if not valid:

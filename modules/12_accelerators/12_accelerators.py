@@ -213,7 +213,8 @@ def matmul_cost(m: int, k: int, n: int, itemsize: int = 4) -> tuple[int, int]:
 
     FLOPs: ``2*m*k*n`` (one multiply and one add per term). Bytes: the least
     memory traffic there can be -- read both inputs once, write the output once --
-    ``itemsize * (m*k + k*n + m*n)``.
+    ``itemsize * (m*k + k*n + m*n)``. Both are exact Python ints (a float keeps only
+    53 bits: the FLOPs of a product of 10**6-sized sides lose their last digits).
     """
     ### BEGIN SOLUTION
     return 2 * m * k * n, itemsize * (m * k + k * n + m * n)
@@ -266,7 +267,8 @@ for m, k, n in [(8, 64, 32), (128, 784, 256), (4096, 4096, 4096)]:
 # yet the CPU needs tens to hundreds of microseconds for it, so the GPU starts
 # to pay off — by a factor that shrinks as Python and launch overheads pile up
 # over the dozens of operations of a step. Only the large product is **compute bound**
-# on the GPU, and there the GPU is thousands of times faster. Large batches and
+# on the GPU, and there the GPU is hundreds of times faster than this CPU (67 TFLOP/s
+# against the rate the cell measured; a laptop core is slower still). Large batches and
 # wide layers raise arithmetic intensity and amortise launches; that is why GPUs
 # shine on big models and why `benchmarks/gpu.py` (section 12) measures both.
 #
@@ -405,9 +407,10 @@ class DrawCounter:
     def load_state(self, state: Any) -> None:
         """Restore what :meth:`state` returned.
 
-        A state is ``{"generator": GENERATOR, "seed": int, "draws": int}`` whose
-        seed and draw count are Python ints >= 0 (a bool or a float is refused; a
-        seed of 2**64 or more is kept modulo 2**64, as ``__init__`` does). Anything
+        A state is ``{"generator": GENERATOR, "seed": int, "draws": int}``, those three
+        keys and no others, whose seed and draw count are Python ints >= 0 (a bool, a
+        float or a NumPy integer is refused; a seed of 2**64 or more is kept modulo
+        2**64, as ``__init__`` does). Anything
         else raises ``ValueError`` naming both what was expected (the generator's
         name) and the state given, shown with ``repr`` (``f"... got {state!r}"``).
         Check everything before setting anything: a refused state changes nothing.
@@ -415,7 +418,8 @@ class DrawCounter:
         ### BEGIN SOLUTION
         valid = (
             isinstance(state, dict)
-            and state.get("generator") == GENERATOR
+            and set(state) == {"generator", "seed", "draws"}
+            and state["generator"] == GENERATOR
             and all(type(state.get(key)) is int and state[key] >= 0 for key in ("seed", "draws"))
         )
         if not valid:

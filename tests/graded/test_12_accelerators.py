@@ -26,6 +26,10 @@ def test_cost_model(student):
                  "matmul_cost(128, 784, 256): (FLOPs, bytes)")
     expect_equal(student.matmul_cost(1, 1, 1, itemsize=8), (2, 24), "matmul_cost(1, 1, 1, itemsize=8)")
     expect_equal(student.matmul_cost(2, 3, 5, itemsize=2), (60, 2 * (6 + 15 + 10)), "matmul_cost(2, 3, 5, itemsize=2)")
+    side = 10**6 + 1  # 2 * side**3 needs 61 bits: a float keeps 53
+    cost = student.matmul_cost(side, side, side)
+    expect_equal((cost, [type(c).__name__ for c in cost]), ((2 * side**3, 4 * 3 * side**2), ["int", "int"]),
+                 f"(matmul_cost({side}, {side}, {side}), the types of its two numbers): exact Python ints")
     expect_close(student.roofline_seconds(6.0, 1.0, peak_flops=2.0, bandwidth=1.0), 3.0,
                  "roofline_seconds(6 FLOPs, 1 byte, peak 2 FLOP/s, 1 byte/s): compute-bound")
     expect_close(student.roofline_seconds(1.0, 8.0, peak_flops=2.0, bandwidth=2.0, launch_seconds=0.25), 4.25,
@@ -47,12 +51,16 @@ def test_draw_counter_round_trip(student):
     fresh = student.DrawCounter(seed=0)
     fresh.load_state(state)
     expect_equal([fresh.next_seed() for _ in range(3)], expected, "the next three draws after load_state")
+    fresh.load_state({"generator": student.GENERATOR, "seed": 2**64 + 5, "draws": 1})
+    expect_equal((fresh.state()["seed"], fresh.next_seed()), (5, student.draw_seed(5, 1)),
+                 "(state()['seed'], next_seed()) after load_state of a seed 2**64 + 5 and 1 draw: kept modulo 2**64, "
+                 "as DrawCounter(seed=2**64 + 5) keeps it")
 
 
 @check(points=1, hint="load_state raises ValueError for anything that is not a dict with this GENERATOR and "
-                      "'seed' and 'draws' that are Python ints >= 0 (not bool, not float; e.g. NumPy's PCG64 state "
-                      "is refused); check everything before setting anything; its message names the generator "
-                      "expected and shows the state given")
+                      "'seed' and 'draws' (no other keys) that are Python ints >= 0 (not bool, float or NumPy "
+                      "integers; e.g. NumPy's PCG64 state is refused); check everything before setting anything; its "
+                      "message names the generator expected and shows the state given")
 def test_draw_counter_refuses_foreign_states(student):
     stream = student.DrawCounter(seed=1)
     stream.next_seed()
@@ -66,6 +74,9 @@ def test_draw_counter_refuses_foreign_states(student):
                        ({"generator": student.GENERATOR, "seed": 5, "draws": 2.5}, "2.5"),
                        ({"generator": student.GENERATOR, "seed": 5.0, "draws": 0}, "5.0"),
                        ({"generator": student.GENERATOR, "seed": 5, "draws": True}, "True"),
+                       ({"generator": student.GENERATOR, "seed": np.int64(3), "draws": 0}, repr(np.int64(3))),
+                       ({"generator": student.GENERATOR, "seed": 5, "draws": np.int64(2)}, repr(np.int64(2))),
+                       ({"generator": student.GENERATOR, "seed": 5, "draws": 0, "bit_generator": "PCG64"}, "PCG64"),
                        (None, "None"), ([student.GENERATOR, 5, 0], "[")):
         expect_raises(ValueError, lambda: stream.load_state(bad), f"load_state({bad!r})",
                       mentions=(student.GENERATOR, shown))
