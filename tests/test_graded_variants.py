@@ -239,6 +239,66 @@ def test_a_binary_cross_entropy_whose_mean_gradient_is_float64_loses_its_points(
            "the dtype of the gradient that bce_with_logits_counting_with_numpy, reduction='mean'", "float64")
 
 
+# A student's third read: five wrong losses that earned 15/15. Each breaks a sentence of the lesson or
+# a docstring that the checks did not test: BCE's forward clamped the caller's probabilities in place,
+# its gradient added 1e-12 instead of taking the max, the logits loss's sigmoid rounded to 0 for x < -17
+# (1 - sigmoid(|x|)) or overflowed with the warning silenced, and mse_loss kept an int64 target's float64.
+
+class _BCEClampingInPlace(losses.BinaryCrossEntropy):
+    def forward(self, probs, target, reduction):
+        np.maximum(probs, np.finfo(probs.dtype).smallest_subnormal, out=probs)  # the log's guard, in place
+        return super().forward(probs, target, reduction)
+
+
+class _BCEAddingEpsilon(losses.BinaryCrossEntropy):
+    def backward(self, grad):
+        p, t = self.probs, self.target
+        return ((p - t) / (p * (1 - p) + losses.GRAD_EPS) * losses._unreduce(grad, self.reduction, p.size),)
+
+
+def _bce_of(function_class):
+    def binary_cross_entropy(probs, target, reduction="mean"):
+        target = losses._as_target(target, probs)
+        return function_class.apply(probs, target=target.astype(probs.dtype).data, reduction=reduction)
+    return binary_cross_entropy
+
+
+def _logits_loss_with_sigmoid(sigmoid):
+    class WithSigmoid(losses.BinaryCrossEntropyWithLogits):
+        def forward(self, logits, target, reduction):
+            out = super().forward(logits, target, reduction)
+            with np.errstate(over="ignore"):  # the variant hides the overflow that the check raises on
+                self.sigmoid = sigmoid(logits).astype(logits.dtype)
+            return out
+
+    def binary_cross_entropy_with_logits(logits, target, reduction="mean"):
+        target = losses._as_target(target, logits)
+        return WithSigmoid.apply(logits, target=target.astype(logits.dtype).data, reduction=reduction)
+    return binary_cross_entropy_with_logits
+
+
+def _mse_without_cast(pred, target, reduction="mean"):
+    diff = pred - losses._as_target(target, pred)
+    return losses._reduce(diff * diff, reduction)
+
+
+@pytest.mark.parametrize("check_name, replaced, expected", [
+    ("test_binary_cross_entropy_on_probabilities", {"binary_cross_entropy": _bce_of(_BCEClampingInPlace)},
+     "forward leaves its input as it is"),
+    ("test_binary_cross_entropy_on_probabilities", {"binary_cross_entropy": _bce_of(_BCEAddingEpsilon)},
+     "which halves it"),
+    ("test_binary_cross_entropy_with_logits",
+     {"binary_cross_entropy_with_logits": _logits_loss_with_sigmoid(lambda x: 1 / (1 + np.exp(-x)))}, "not 0"),
+    ("test_binary_cross_entropy_with_logits", {"binary_cross_entropy_with_logits": _logits_loss_with_sigmoid(
+        lambda x: np.where(x >= 0, 1 / (1 + np.exp(-np.abs(x))), 1 - 1 / (1 + np.exp(-np.abs(x)))))}, "not 0"),
+    ("test_mse_loss_values_and_gradient", {"mse_loss": _mse_without_cast}, "dtype int64"),
+])
+def test_a_loss_that_breaks_a_stated_rule_loses_its_points(check_name, replaced, expected):
+    graded = _graded("06_losses")
+    getattr(graded, check_name)(_student(losses))
+    _fails(getattr(graded, check_name), _student(losses, **replaced), expected)
+
+
 # -- Module 09 ----------------------------------------------------------------------------------
 # clip_grad_norm must leave each gradient in its dtype, and evaluate count hits of one-hot targets
 # (both in their docstrings); a variant breaking either earned 27/27.

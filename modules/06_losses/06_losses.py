@@ -164,7 +164,8 @@ def mse_loss(pred: Tensor, target: Any, reduction: str = "mean") -> Tensor:
     """Mean squared error: ``mean((pred - target) ** 2)`` (or its sum, or per element).
 
     ``pred`` and ``target`` must have the same shape (ValueError naming both
-    otherwise). Gradient ``2 * (pred - target) / N`` for "mean".
+    otherwise). Gradient ``2 * (pred - target) / N`` for "mean". The loss has
+    ``pred``'s dtype, whatever the target's (an int64 target is cast first).
     """
     _check_reduction(reduction)
     target = _as_target(target, pred)
@@ -296,8 +297,9 @@ class CrossEntropy(Function):
     """Softmax cross-entropy of logits ``(N, C)`` against class indices ``(N,)`` or
     probabilities ``(N, C)``, fused: one node, log-sum-exp stable.
 
-    Backward: ``(softmax(logits) - onehot(target)) * g`` (``g = 1/N`` for "mean"),
-    or ``(softmax * sum(q) - q) * g`` for probability targets ``q``. The loss and
+    Backward: ``(softmax(logits) - onehot(target)) * g``, or ``(softmax * sum(q) - q) * g``
+    for probability targets ``q``, with ``g`` each sample's share of the upstream
+    gradient ``grad`` (``grad / N`` for "mean", ``grad`` for "sum", ``grad[i]`` for "none"). The loss and
     the gradient have the logits' dtype.
     """
 
@@ -481,9 +483,11 @@ print("cross_entropy OK")
 # Both backwards multiply the slope by each element's share of the upstream
 # gradient (`_unreduce`, as for cross-entropy), and write into a new array: what
 # forward saved (`self.probs`, the sigmoid) must stay as it was for a second
-# backward through the same graph. Both losses keep the input's dtype: cast the
-# target to it (`target.astype(probs.dtype)`) before `apply`; and so do their
-# gradients, as cross-entropy's.
+# backward through the same graph. Forward leaves its input as it is, as
+# cross-entropy's does: `xp.maximum(probs, tiny)` is a new array, never
+# `out=probs` (that would change the caller's tensor). Both losses keep the
+# input's dtype: cast the target to it (`target.astype(probs.dtype)`, or the
+# logits' dtype) before `apply`; and so do their gradients, as cross-entropy's.
 
 # %% export="nn/losses"
 LOG_FLOOR = -100.0  # PyTorch's BCELoss clamps log(p) and log(1 - p) here

@@ -74,7 +74,8 @@ def _expect_float32_gradient(loss_of, x, what):
 # -- mean squared error -------------------------------------------------------------------
 
 @check(points=2, hint="mse_loss: square the difference pred - target and reduce it; 'mean' divides by the number "
-                      "of elements, so the gradient is 2 * (pred - target) / N")
+                      "of elements, so the gradient is 2 * (pred - target) / N; the loss has pred's dtype (cast the "
+                      "target)")
 def test_mse_loss_values_and_gradient(student):
     rng = np.random.default_rng(1)
     p, t = rng.standard_normal((4, 3)).astype(np.float32), rng.standard_normal((4, 3)).astype(np.float32)
@@ -90,6 +91,7 @@ def test_mse_loss_values_and_gradient(student):
     expect_equal(student.mse_loss(tt.tensor([1.0, 2.0]), [1.0, 2.0]).item(), 0.0, "mse_loss of equal values")
     expect_equal(student.mse_loss(tt.tensor([2.5, 0.0, 2.0]), np.array([3.0, -0.5, 2.0])).dtype, np.dtype(np.float32),
                  "the dtype of mse_loss of a float32 prediction against a float64 array")
+    _expect_the_inputs_dtype(student.mse_loss, p)
 
 
 # -- cross-entropy ----------------------------------------------------------------------
@@ -234,6 +236,13 @@ def test_binary_cross_entropy_on_probabilities(student):
                  "binary_cross_entropy of p = [0, 1, 0, 1] against t = [1, 0, 0, 1] (logs clamped at -100)")
     assert np.isfinite(edges.grad.numpy()).all(), \
         f"the gradient of binary_cross_entropy at p = 0 and 1: expected finite values, got {edges.grad.numpy()}"
+    expect_close(edges, np.array([0.0, 1.0, 0.0, 1.0]), "p = [0, 1, 0, 1] after binary_cross_entropy of it and its "
+                 "backward (forward leaves its input as it is: max(p, tiny) is a new array)", rtol=0, atol=0)
+    sure = leaf(np.array([1e-12]), dtype="float64")
+    student.binary_cross_entropy(sure, tt.tensor([1.0], dtype="float64"), reduction="sum").backward()
+    expect_close(sure.grad, np.array([-(1 - 1e-12) / 1e-12]), "the gradient of binary_cross_entropy at p = 1e-12, "
+                 "t = 1 in float64: (p - t) / max(p (1 - p), 1e-12), the max -- not p (1 - p) + 1e-12, which halves it",
+                 rtol=1e-6)
     expect_close(student.BCELoss(reduction="sum")(tt.tensor(p), t).item(), expected.sum(), "BCELoss(reduction='sum')",
                  rtol=1e-5)
     probs = leaf(p)
@@ -264,8 +273,8 @@ def _expect_the_inputs_dtype(loss_fn, x):
     """A float32 input gives a float32 loss, whatever the target's dtype, and a float32 gradient."""
     for target in ((x > 0.5).astype(np.int64), np.zeros(x.shape)):
         loss = loss_fn(tt.tensor(x), tt.tensor(target))
-        expect_equal(loss.dtype, np.dtype(np.float32), f"the dtype of {loss_fn.__name__} of float32 input and a "
-                     f"{target.dtype} target (cast the target to the input's dtype)")
+        expect_equal(loss.dtype, np.dtype(np.float32), f"the dtype of {loss_fn.__name__} of float32 input and a target "
+                     f"of dtype {target.dtype} (cast the target to the input's dtype)")
     t = (x > 0.5).astype(np.float32)
     _expect_float32_gradient(lambda v, reduction: loss_fn(v, tt.tensor(t), reduction=reduction), x, loss_fn.__name__)
 
@@ -322,6 +331,12 @@ def test_binary_cross_entropy_with_logits(student):
                  "binary_cross_entropy_with_logits of x = [-1000, 1000, -1000, 1000], t = [1, 0, 0, 1]")
     expect_close(extreme.grad, np.array([-1.0, 1.0, 0.0, 0.0], dtype=np.float32),
                  "its gradient (sigmoid(x) - t)")
+    negative = leaf(np.array([-90.0, -20.0], dtype=np.float32))
+    student.binary_cross_entropy_with_logits(negative, [0.0, 0.0], reduction="sum").backward()
+    expect_close(negative.grad, 1 / (1 + np.exp(np.array([90.0, 20.0]))), "the gradient of "
+                 "binary_cross_entropy_with_logits at x = [-90, -20], t = 0 in float32: sigmoid(x) itself, tiny but "
+                 "not 0 (e / (1 + e) for x < 0; 1 / (1 + exp(-x)) overflows and 1 - sigmoid(|x|) rounds to 0)",
+                 rtol=1e-5, atol=0)
     expect_gradcheck(lambda v: student.binary_cross_entropy_with_logits(v, tt.tensor(t, dtype="float64")),
                      [leaf(x, dtype="float64")], "gradcheck of binary_cross_entropy_with_logits in float64")
     expect_close(student.BCEWithLogitsLoss(reduction="sum")(tt.tensor(x), t).item(), expected.sum(),

@@ -72,7 +72,8 @@ def mse_loss(pred: Tensor, target: Any, reduction: str = "mean") -> Tensor:
     """Mean squared error: ``mean((pred - target) ** 2)`` (or its sum, or per element).
 
     ``pred`` and ``target`` must have the same shape (ValueError naming both
-    otherwise). Gradient ``2 * (pred - target) / N`` for "mean".
+    otherwise). Gradient ``2 * (pred - target) / N`` for "mean". The loss has
+    ``pred``'s dtype, whatever the target's (an int64 target is cast first).
     """
     _check_reduction(reduction)
     target = _as_target(target, pred)
@@ -85,8 +86,9 @@ class CrossEntropy(Function):
     """Softmax cross-entropy of logits ``(N, C)`` against class indices ``(N,)`` or
     probabilities ``(N, C)``, fused: one node, log-sum-exp stable.
 
-    Backward: ``(softmax(logits) - onehot(target)) * g`` (``g = 1/N`` for "mean"),
-    or ``(softmax * sum(q) - q) * g`` for probability targets ``q``. The loss and
+    Backward: ``(softmax(logits) - onehot(target)) * g``, or ``(softmax * sum(q) - q) * g``
+    for probability targets ``q``, with ``g`` each sample's share of the upstream
+    gradient ``grad`` (``grad / N`` for "mean", ``grad`` for "sum", ``grad[i]`` for "none"). The loss and
     the gradient have the logits' dtype.
     """
 

@@ -2,7 +2,7 @@
 
 
 def mse_loss(pred, target, reduction="mean"):
-    diff = pred - target
+    diff = pred - target.astype(pred.dtype)
     return _reduce(diff * diff, reduction)
 
 
