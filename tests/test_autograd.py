@@ -161,6 +161,33 @@ def test_backward_with_explicit_grad(device):
     assert_grad(x, 2 * weights)
 
 
+class _SeenGradient(Function):
+    """The identity, recording the dtype of the gradient that reaches it."""
+
+    seen: list = []
+
+    def forward(self, a):
+        return a
+
+    def backward(self, grad):
+        _SeenGradient.seen.append(grad.dtype)
+        return (grad,)
+
+
+def test_backward_grad_takes_the_tensors_dtype(device):
+    # An array or list went through tt.tensor's default float32 first: 1/3 came back rounded in a float64 graph.
+    third = [0.1, 1 / 3]
+    for given in (np.array(third), third):
+        x = leaf([1.0, 2.0], device)
+        (x * 1.0).backward(given)
+        assert x.grad.dtype == np.float64 and x.grad.numpy().tolist() == third, x.grad
+    _SeenGradient.seen = []
+    x = leaf([1.0, 2.0], device)
+    _SeenGradient.apply(x * 1.0).backward(tt.tensor(third, dtype=tt.float32, device=device))
+    assert _SeenGradient.seen == [np.dtype(np.float64)]  # a float32 tensor is cast to the output's dtype
+    assert x.grad.numpy().tolist() == np.array(third, np.float32).astype(np.float64).tolist()
+
+
 def test_backward_grad_of_wrong_shape_names_both(device):
     y = leaf(np.ones((2, 3)), device) * 2
     with pytest.raises(ValueError) as info:
