@@ -20,6 +20,7 @@ import pytest
 import tinytrain as tt
 import tinytrain.callbacks as callbacks
 import tinytrain.cuda as cuda
+import tinytrain.distributed as distributed
 import tinytrain.nn.checkpointing as checkpointing
 import tinytrain.nn.losses as losses
 import tinytrain.nn.transformer as transformer
@@ -432,9 +433,16 @@ def test_a_matmul_cost_in_floats_loses_its_point():
 # A recompute whose output needs no gradient -- a frozen segment (no parameter requires grad) fed by
 # data, whose node exists only through the anchor -- has nothing to backpropagate. A Recompute.backward
 # that calls backward on it regardless raised RuntimeError there and yet earned full marks.
+# A student's third read: handing `grad` to the recomputed output's backward as the bare array is
+# right, but the engine took an array through tt.tensor's default float32, so a float64 segment's
+# gradients came back rounded and the student lost 3 points (the engine now keeps the output's dtype);
+# an anchor given a zero gradient instead of None, and an all-reduce buffer in the gradients' float64
+# instead of float32, earned full marks.
 
-def recompute_without_the_guard() -> type:
-    """The reference ``Recompute`` whose backward always backpropagates through the recomputed output."""
+def recompute(guard: bool = True, seed=lambda grad, out: tt.Tensor._make(grad, out._backend),
+              anchor_gradient=lambda grad: None) -> type:
+    """The reference ``Recompute``, backpropagating ``seed(grad, out)`` (only when the recomputed output
+    requires grad if ``guard``) and giving the anchor ``anchor_gradient(grad)``."""
 
     class Recompute(checkpointing.Recompute):  # the grader's node-type check reads the class name
         def backward(self, grad):
@@ -446,8 +454,9 @@ def recompute_without_the_guard() -> type:
                     out = self.function(*inputs)
             finally:
                 restore_rng_state(now)
-            out.backward(tt.Tensor._make(grad, out._backend))
-            return tuple(None if t.grad is None else t.grad.data for t in inputs) + (None,)
+            if out.requires_grad or not guard:
+                out.backward(seed(grad, out))
+            return tuple(None if t.grad is None else t.grad.data for t in inputs) + (anchor_gradient(grad),)
 
     return Recompute
 
@@ -455,9 +464,45 @@ def recompute_without_the_guard() -> type:
 def test_checkpoint_of_a_frozen_segment_needs_the_guard(monkeypatch) -> None:
     graded = _graded("13_scale")
     graded.test_checkpoint_gradients_equal_plain(_student(checkpointing))
-    monkeypatch.setattr(checkpointing, "Recompute", recompute_without_the_guard())  # what checkpoint() applies
+    monkeypatch.setattr(checkpointing, "Recompute", recompute(guard=False))  # what checkpoint() applies
     _fails(graded.test_checkpoint_gradients_equal_plain, _student(checkpointing),
            "checkpoint(frozen, data)", "expected the head's gradient, got RuntimeError")
+
+
+def test_a_recompute_that_backpropagates_the_bare_array_passes(monkeypatch) -> None:
+    monkeypatch.setattr(checkpointing, "Recompute", recompute(seed=lambda grad, out: grad))
+    _graded("13_scale").test_checkpoint_gradients_equal_plain(_student(checkpointing))
+
+
+def test_a_recompute_that_gives_the_anchor_a_zero_gradient_loses_its_points(monkeypatch) -> None:
+    checkpointing._anchors.clear()  # an anchor a wrong variant gave a .grad would stay so for the other tests
+    monkeypatch.setattr(checkpointing, "Recompute",
+                        recompute(anchor_gradient=lambda grad: np.zeros((), dtype=grad.dtype)))
+    try:
+        _fails(_graded("13_scale").test_checkpoint_gradients_equal_plain, _student(checkpointing),
+               "the .grad of the anchor on", "expected None", "got tensor(0.")
+    finally:
+        checkpointing._anchors.clear()
+
+
+def _average_in_the_gradients_dtype(parameters, comm, extra=0.0):
+    grads = [p.grad for p in parameters if p.grad is not None]
+    dtype = np.result_type(np.float32, *[g.dtype for g in grads])  # float64 if any gradient is
+    send = np.concatenate([g.numpy().ravel() for g in grads] + [np.array([extra])]).astype(dtype)
+    total = np.empty_like(send)
+    comm.Allreduce(send, total)
+    start = 0
+    for g in grads:
+        g.data[...] = total[start:start + g.size].reshape(g.shape) / comm.Get_size()
+        start += g.size
+    return float(total[-1])
+
+
+def test_an_all_reduce_in_float64_loses_its_points():
+    graded = _graded("13_scale")
+    graded.test_average_gradients(_student(distributed))
+    _fails(graded.test_average_gradients, _student(distributed, average_gradients=_average_in_the_gradients_dtype),
+           "the buffer is float32 whatever the gradients' dtype")
 
 
 # -- Module 15 ----------------------------------------------------------------------------------

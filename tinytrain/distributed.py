@@ -101,8 +101,8 @@ def average_gradients(parameters: list[Tensor], comm: Any, extra: float = 0.0) -
     """Replace every gradient by its mean over the ranks, with one all-reduce of a float32
     buffer that holds all of them (and ``extra`` at the end); returns the sum of ``extra``
     over the ranks, as a Python ``float``. Every rank must pass its parameters in the same
-    order. The buffer is float32 whatever the gradients' dtype: float64 gradients come
-    back rounded to float32 (half the bytes sent; training runs in float32). A parameter
+    order. The buffer is float32 whatever the gradients' dtype: float64 gradients stay
+    float64 arrays, their values rounded to float32 (half the bytes sent; training runs in float32). A parameter
     whose ``.grad`` is ``None`` is left out of the buffer and keeps ``None`` (the same
     backward gives every rank gradients for the same parameters). MPI reads host memory:
     a gradient on a device goes into the buffer through ``backend.to_host`` and comes

@@ -151,7 +151,10 @@ class Recompute(Function):
     def backward(self, grad: Any) -> tuple:
         """Recompute the segment with the saved random state (then put the current state
         back, even if the function raises), backpropagate ``grad`` through it, return the
-        inputs' gradients (None for the anchor).
+        inputs' gradients (None for the anchor: it never gets a ``.grad``).
+
+        ``grad`` is the output's gradient as a bare array: the recomputed output's
+        ``backward`` takes it in the output's dtype.
 
         The recompute records its graph even when backward runs under ``no_grad``
         (``_enable_grad``), and runs on fresh leaves holding the inputs' arrays
@@ -709,8 +712,8 @@ def average_gradients(parameters: list[Tensor], comm: Any, extra: float = 0.0) -
     """Replace every gradient by its mean over the ranks, with one all-reduce of a float32
     buffer that holds all of them (and ``extra`` at the end); returns the sum of ``extra``
     over the ranks, as a Python ``float``. Every rank must pass its parameters in the same
-    order. The buffer is float32 whatever the gradients' dtype: float64 gradients come
-    back rounded to float32 (half the bytes sent; training runs in float32). A parameter
+    order. The buffer is float32 whatever the gradients' dtype: float64 gradients stay
+    float64 arrays, their values rounded to float32 (half the bytes sent; training runs in float32). A parameter
     whose ``.grad`` is ``None`` is left out of the buffer and keeps ``None`` (the same
     backward gives every rank gradients for the same parameters). MPI reads host memory:
     a gradient on a device goes into the buffer through ``backend.to_host`` and comes

@@ -98,6 +98,10 @@ def test_checkpoint_gradients_equal_plain(student):
         results.append((x.grad.numpy(), w.grad.numpy(), y.grad))
     expect_close(results[1][0], results[0][0], "x.grad through checkpoint(fn, x, y), fn = tanh((x @ w) * y)",
                  rtol=1e-12, atol=0)
+    for backend, anchor in student._anchors.items():
+        assert anchor.grad is None, (f"the .grad of the anchor on {backend} after backward through checkpointed "
+                                     f"segments: expected None (Recompute.backward returns None for the anchor), got "
+                                     f"{anchor.grad!r}")
     expect_close(results[1][1], results[0][1], "w.grad (a weight fn uses, with an earlier gradient of ones) through "
                                                "checkpoint(fn, x, y)", rtol=1e-12, atol=0)
     assert results[1][2] is None, f"y.grad (y needs no gradient): expected None, got {results[1][2]!r}"
@@ -388,6 +392,15 @@ def test_average_gradients(student):
     expect_close(a.grad, np.full((2, 3), 6.0), "a.grad: the sum over the ranks / world_size", dtype=np.float32)
     expect_close(b.grad, [6.0, 4.0], "b.grad: the sum over the ranks / world_size")
     assert no_grad.grad is None, f"a parameter without a gradient: expected grad None, got {no_grad.grad!r}"
+    precise = tt.zeros(2, dtype="float64", requires_grad=True)
+    precise.grad = tt.tensor([0.1, 1 / 3], dtype="float64")
+    comm = FakeRank(student, rank=0, size=1)
+    student.average_gradients([precise], comm)
+    rounded = np.array([0.1, 1 / 3], np.float32).astype(np.float64)
+    expect_equal((comm.calls[0].dtype.name, precise.grad.dtype.name, precise.grad.numpy().tolist()),
+                 ("float32", "float64", rounded.tolist()), "(the buffer's dtype, the gradient's dtype, its values) for "
+                 "a float64 gradient [0.1, 1/3] on one rank: the buffer is float32 whatever the gradients' dtype, so "
+                 "the gradient stays float64 with values rounded to float32")
 
     single = tt.tensor([1.0, 2.0], requires_grad=True)
     single.grad = tt.tensor([0.5, -1.5])

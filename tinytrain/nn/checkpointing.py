@@ -46,7 +46,10 @@ class Recompute(Function):
     def backward(self, grad: Any) -> tuple:
         """Recompute the segment with the saved random state (then put the current state
         back, even if the function raises), backpropagate ``grad`` through it, return the
-        inputs' gradients (None for the anchor).
+        inputs' gradients (None for the anchor: it never gets a ``.grad``).
+
+        ``grad`` is the output's gradient as a bare array: the recomputed output's
+        ``backward`` takes it in the output's dtype.
 
         The recompute records its graph even when backward runs under ``no_grad``
         (``_enable_grad``), and runs on fresh leaves holding the inputs' arrays
