@@ -234,7 +234,10 @@ def test_work_on_the_device_reads_nothing() -> None:
     (lambda a, i, d: a * 0.1 + xp.sqrt(a), 0),  # Python floats adapt to the array
     (lambda a, i, d: a.astype(np.float64), 0),  # an explicit cast is asked for
     (lambda a, i, d: d * a, 0),  # a float64 operand: float64 was there already
-    (lambda a, i, d: xp.multiply(a, np.float64(2.0), out=a), 0),  # out= keeps float32
+    (lambda a, i, d: xp.multiply(a, np.float64(2.0), out=a), 1),  # out= keeps float32, but the loop ran in float64
+    (lambda a, i, d: a.__imul__(np.float64(2.0)), 1),  # a *= np.float64(2.0): the same
+    (lambda a, i, d: xp.multiply(a, 2.0, out=a), 0),
+    (lambda a, i, d: a > np.float64(0.5), 0),  # a comparison gives booleans, not a float array
 ])
 def test_float64_promotions_counts_implicit_widening_only(compute: Callable, promoted: int) -> None:
     a = strict.from_host(np.ones(3, np.float32))
