@@ -22,6 +22,7 @@ import tinytrain.callbacks as callbacks
 import tinytrain.cuda as cuda
 import tinytrain.distributed as distributed
 import tinytrain.nn.checkpointing as checkpointing
+import tinytrain.optim as optim
 import tinytrain.nn.losses as losses
 import tinytrain.nn.transformer as transformer
 import tinytrain.training as training
@@ -298,6 +299,44 @@ def test_a_loss_that_breaks_a_stated_rule_loses_its_points(check_name, replaced,
     graded = _graded("06_losses")
     getattr(graded, check_name)(_student(losses))
     _fails(getattr(graded, check_name), _student(losses, **replaced), expected)
+
+
+# -- Module 07 ----------------------------------------------------------------------------------
+# A student's third read: Adam with the optimizer's step count instead of the parameter's own (a
+# parameter that missed a step got the wrong bias correction), and a bias correction through np.sqrt
+# in place (x /= np.sqrt(...): the array stays float32, but NumPy runs the loop in float64 -- other
+# bits, several times slower; the strict device counted only float64 results), earned 16/16.
+
+def _adam(sqrt=math.sqrt, shared_step=False):
+    """The reference Adam, its bias correction through ``sqrt``, with ``t`` the largest step count of
+    any parameter when ``shared_step``."""
+
+    class Adam(optim.Adam):
+        def adam_update(self, param, grad, state, group, xp):
+            beta1, beta2 = group["betas"]
+            state["step"] += 1
+            step = max(s.get("step", 0) for s in self.state) if shared_step else state["step"]
+            m, v = state["exp_avg"], state["exp_avg_sq"]
+            m *= beta1
+            m += (1 - beta1) * grad
+            v *= beta2
+            v += (1 - beta2) * grad * grad
+            scratch = xp.sqrt(v)
+            scratch /= sqrt(1 - beta2**step)
+            scratch += group["eps"]
+            param -= group["lr"] / (1 - beta1**step) * m / scratch
+
+    return Adam
+
+
+@pytest.mark.parametrize("check_name, adam, expected", [
+    ("test_adam_bias_correction", _adam(shared_step=True), "kept per parameter"),
+    ("test_optimizers_run_on_another_device", _adam(sqrt=np.sqrt), "float32 arrays made float64"),
+])
+def test_an_adam_that_breaks_a_stated_rule_loses_its_point(check_name, adam, expected):
+    graded = _graded("07_optimizers")
+    getattr(graded, check_name)(_student(optim, Adam=_adam()))
+    _fails(getattr(graded, check_name), _student(optim, Adam=adam), expected)
 
 
 # -- Module 09 ----------------------------------------------------------------------------------

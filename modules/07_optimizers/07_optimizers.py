@@ -841,7 +841,8 @@ class Adam(Optimizer):
         Keeps no state but these three entries. Computes in the parameter's dtype
         (float64 stays float64) and reads nothing from the device: the bias
         corrections are Python numbers (``**`` and ``math.sqrt``, not ``xp.power``,
-        nor ``np.sqrt``, whose NumPy float64 makes a float32 array float64).
+        nor ``np.sqrt``, whose NumPy float64 makes float32 arithmetic run in float64:
+        a new array comes out float64, and even ``x /= np.sqrt(c)`` runs a float64 loop).
         """
         ### BEGIN SOLUTION
         beta1, beta2 = group["betas"]

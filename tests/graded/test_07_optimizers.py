@@ -158,8 +158,9 @@ def test_adam_steps(student):
     expect_state_in_place(student.Adam, ["exp_avg", "exp_avg_sq"], lr=0.01)
 
 
-@check(points=1, hint="bias correction: divide m by (1 - b1^t) and v by (1 - b2^t) with t the step number "
-                      "(starting at 1), so the first step moves every weight by about lr, whatever its gradient's scale")
+@check(points=1, hint="bias correction: divide m by (1 - b1^t) and v by (1 - b2^t) with t the parameter's own step "
+                      "number (state['step'], starting at 1), so the first step moves every weight by about lr, "
+                      "whatever its gradient's scale")
 def test_adam_bias_correction(student):
     grads = np.array([[1e-4, -10.0, 1e3, -0.5]], dtype=np.float32)
     values, _, _ = run(student.Adam, grads=grads, lr=0.01)
@@ -172,6 +173,15 @@ def test_adam_bias_correction(student):
     expect_close(np.diff(np.vstack([START, values]), axis=0), -0.1 * np.sign(grads),
                  f"Adam(lr=0.1): the change of each of 3 steps with the constant gradient {grads[0].tolist()}",
                  atol=1e-5)
+    early, late = tt.tensor([1.0], requires_grad=True), tt.tensor([1.0], requires_grad=True)
+    optimizer = student.Adam([early, late], lr=0.1)
+    for grads_now in ([1.0, None], [1.0, 1.0]):  # `late` gets its first gradient on the optimizer's second step
+        for p, g in zip((early, late), grads_now):
+            p.grad = None if g is None else tt.tensor([g])
+        optimizer.step()
+    expect_close(late, [0.9], "a parameter's value after its first Adam step (lr=0.1, gradient 1), taken on the "
+                 "optimizer's second step: its own t is 1 (the step count is kept per parameter), so it moves by lr",
+                 rtol=1e-6)
 
 
 @check(points=1, hint="Adam's L2 weight decay is already added to the gradient by update(); adam_update must use "
@@ -279,8 +289,9 @@ def test_optimizers_run_on_another_device(student):
                 expect_equal(host_reads() - reads, 0, f"host reads in {optimizer_class.__name__}({settings}).step() "
                              f"on the {device!r} device (the bias corrections are Python numbers: ** and math.sqrt)")
                 expect_equal(float64_promotions() - promotions, 0, f"float32 arrays made float64 in "
-                             f"{optimizer_class.__name__}({settings}).step() on the {device!r} device (a NumPy "
-                             "float64 scalar, e.g. from np.sqrt or np.power of a number, promotes them)")
+                             f"{optimizer_class.__name__}({settings}).step() on the {device!r} device, or computed "
+                             "in float64 in place (a NumPy float64 scalar, e.g. from np.sqrt or np.power of a "
+                             "number, promotes them)")
             values[device] = param.numpy()
         expect_close(values["strict"], values["cpu"], f"{optimizer_class.__name__}({settings}) on the strict device "
                      "(compared with the cpu)", rtol=1e-6)
