@@ -22,7 +22,9 @@ import tinytrain.callbacks as callbacks
 import tinytrain.cuda as cuda
 import tinytrain.distributed as distributed
 import tinytrain.nn.checkpointing as checkpointing
+import tinytrain.nn.embedding as embedding
 import tinytrain.optim as optim
+import tinytrain.text as text
 import tinytrain.nn.losses as losses
 import tinytrain.nn.transformer as transformer
 import tinytrain.training as training
@@ -542,6 +544,38 @@ def test_an_all_reduce_in_float64_loses_its_points():
     graded.test_average_gradients(_student(distributed))
     _fails(graded.test_average_gradients, _student(distributed, average_gradients=_average_in_the_gradients_dtype),
            "the buffer is float32 whatever the gradients' dtype")
+
+
+# -- Module 14 ----------------------------------------------------------------------------------
+# A student's third read: a merge that hands back `ids` itself when nothing merges ("A new list"), a
+# train that keeps the old merges for a text without pairs ("Merges learned before are replaced"),
+# and an embedding backward whose zeros are float32 whatever grad's dtype, earned 29/29.
+
+def _merge_returning_ids_when_nothing_merges(ids, pair, new_id):
+    return ids if pair not in set(zip(ids, ids[1:])) else text.merge(ids, pair, new_id)
+
+
+class _BPEKeepingMergesWithoutPairs(text.BPETokenizer):
+    def train(self, corpus, vocab_size):
+        return self if len(corpus.encode("utf-8")) < 2 else super().train(corpus, vocab_size)
+
+
+class _EmbeddingInFloat32(embedding.EmbeddingFunction):
+    def backward(self, grad):
+        grad_weight = self.xp.zeros(self.weight_shape, dtype=np.float32)
+        self.backend.scatter_add(grad_weight, self.ids, grad)
+        return (grad_weight,)
+
+
+@pytest.mark.parametrize("check_name, replaced, expected", [
+    ("test_merge", {"merge": _merge_returning_ids_when_nothing_merges}, "returned the list it was given"),
+    ("test_bpe_train_rules", {"BPETokenizer": _BPEKeepingMergesWithoutPairs}, "which has no pair at all"),
+    ("test_embedding_backward", {"EmbeddingFunction": _EmbeddingInFloat32}, "zeros in grad's dtype"),
+])
+def test_a_tokenizer_or_embedding_that_breaks_its_docstring_loses_points(check_name, replaced, expected):
+    graded, student = _graded("14_attention"), {**vars(text), **vars(embedding)}
+    getattr(graded, check_name)(types.SimpleNamespace(**student))
+    _fails(getattr(graded, check_name), types.SimpleNamespace(**{**student, **replaced}), expected)
 
 
 # -- Module 15 ----------------------------------------------------------------------------------

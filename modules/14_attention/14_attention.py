@@ -1048,8 +1048,8 @@ else:
 # the attention weights (`dropout_p` of `scaled_dot_product_attention`: the
 # layer's `dropout` in training mode — `self.training`, Module 05 — and 0 in
 # evaluation mode) and then
-# `resid_dropout` on the output — in that order, so the random numbers are
-# drawn in the same order as the reference's.
+# `resid_dropout` on the output — in that order: the graded checks compare
+# outputs drawn from the same seed, so the random numbers must be drawn in it.
 #
 # `forward(x)` returns the output tensor, $(B, T, C)$. (Module 15 adds an
 # optional key/value cache as a keyword argument; without it, the call and its

@@ -142,9 +142,11 @@ def test_merge(student):
                               ([3, 1], (1, 2), 7), ([1, 3, 2], (1, 2), 7), ([2, 1], (1, 2), 7), ([], (1, 2), 7),
                               ([4], (4, 4), 8), ([256, 97, 98], (256, 97), 300)]:
         given = list(ids)
-        expect_equal(student.merge(given, pair, new_id), ref_merge(ids, pair, new_id),
-                     f"merge({ids}, {pair}, {new_id})")
+        merged = student.merge(given, pair, new_id)
+        expect_equal(merged, ref_merge(ids, pair, new_id), f"merge({ids}, {pair}, {new_id})")
         expect_equal(given, ids, f"the list given to merge({ids}, {pair}, {new_id}) afterwards (merge must not change it)")
+        expect_equal(merged is given, False, f"whether merge({ids}, {pair}, {new_id}) returned the list it was given "
+                     "(it returns a new list, also when nothing merges: appending to the result must not change ids)")
 
 
 @check(points=2, hint="train: ids = list(text.encode('utf-8')); for each new id 256, 257, ... up to vocab_size - 1: "
@@ -175,6 +177,9 @@ def test_bpe_train_rules(student):
     tokenizer.train("xyxy", 257)
     expect_equal(tokenizer.merges, {(ord("x"), ord("y")): 256}, "the merges after training on 'abababab' and then "
                                                                  "again on 'xyxy' with vocab_size=257 (replaced)")
+    tokenizer.train("x", 300)
+    expect_equal((tokenizer.merges, tokenizer.vocab_size), ({}, 256), "(merges, vocab_size) after training again on "
+                 "'x', which has no pair at all (the old merges are replaced by none)")
 
 
 @check(points=2, hint="encode: ids = list(text.encode('utf-8')), then for pair, new_id in self.merges.items() (the "
@@ -221,6 +226,14 @@ def test_embedding_backward(student):
     grads = node.backward(tt.ones(2, 3, dtype="float32").data)
     expect_equal(str(grads[0].dtype), "float32", "the dtype of the gradient EmbeddingFunction.backward returns for a "
                                                  "float32 grad (grad's dtype)")
+    for dtype in ("float64", "float16"):
+        node = student.EmbeddingFunction.apply(tt.tensor(weight, dtype=dtype, requires_grad=True),
+                                               ids=tt.tensor([0, 2, 0]).data)._ctx
+        upstream = np.full((3, 3), 0.1 + 1e-12, dtype=dtype)
+        grads = node.backward(upstream)
+        expect_equal((str(grads[0].dtype), grads[0][0].tolist()), (dtype, (2 * upstream[0]).tolist()),
+                     f"(dtype, row 0) of the gradient EmbeddingFunction.backward returns for a {dtype} grad of "
+                     f"0.1 + 1e-12 everywhere and ids [0, 2, 0] (zeros in grad's dtype)")
     grads = {}
     for device in ("cpu", "strict"):
         tt.manual_seed(0)
