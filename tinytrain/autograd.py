@@ -184,9 +184,9 @@ def backward(tensor: Any, grad: Any = None, retain_graph: bool = False) -> None:
     """Accumulate d(tensor)/d(leaf), weighted by ``grad``, into every leaf's ``.grad``.
 
     ``grad`` defaults to 1 for a single-element ``tensor``; for any other shape
-    it must be given, with the tensor's shape. It takes the tensor's dtype, as in
-    PyTorch: an array or a list is converted straight to it (not through the
-    default float32, which would round a float64 gradient), a tensor is cast. A ``None`` from an operation's
+    it must be given, with the tensor's shape. It is cast to the tensor's dtype, as in
+    PyTorch (``Tensor.backward`` turns an array or a list straight into a tensor of
+    that dtype: through the default float32 it would round a float64 gradient). A ``None`` from an operation's
     ``backward`` gives that input nothing, whether or not it requires grad (an
     operation that so receives no gradient at all is skipped), and an
     input that does not require grad gets nothing, whatever ``backward`` returned.
@@ -217,12 +217,7 @@ def backward(tensor: Any, grad: Any = None, retain_graph: bool = False) -> None:
                                f"{tensor.shape}; pass grad= with that shape")
         grad = tensor._backend.xp.ones_like(tensor.data)
     else:
-        from tinytrain.tensor import Tensor  # here, not at the top: tinytrain.tensor imports this module
-
-        if isinstance(grad, Tensor):
-            grad = tensor._operand(grad).data.astype(tensor.dtype, copy=False)  # same device, or RuntimeError
-        else:
-            grad = Tensor(grad, dtype=tensor.dtype, device=tensor._backend).data
+        grad = tensor._operand(grad).data.astype(tensor.dtype, copy=False)  # same device, or RuntimeError
         if grad.shape != tensor.shape:
             raise ValueError(f"backward(grad): grad has shape {grad.shape} but the tensor has shape {tensor.shape}")
     if tensor._ctx is None:

@@ -664,7 +664,12 @@ class Tensor:
         return ops.Cast.apply(self, dtype=dtype)
 
     def backward(self, grad: Any = None, retain_graph: bool = False) -> None:
-        """Accumulate d(self)/d(leaf) into every leaf's ``.grad`` (Module 02)."""
+        """Accumulate d(self)/d(leaf) into every leaf's ``.grad`` (Module 02).
+
+        An array or a list ``grad`` becomes a tensor of this tensor's dtype straight away
+        (through the default float32 it would round a float64 gradient)."""
+        if grad is not None and not isinstance(grad, Tensor):
+            grad = Tensor(grad, dtype=self.dtype, device=self._backend)
         autograd.backward(self, grad, retain_graph=retain_graph)
 
     # -- operators -----------------------------------------------------------------
