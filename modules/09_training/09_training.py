@@ -727,7 +727,8 @@ class Trainer(Resumable):
         ``on_nonfinite="raise"``); the reason gives the value, as in
         ``f"the loss is {loss}"``. When clipping (``grad_clip_norm`` is not None),
         clip ``parameters``' gradients with :func:`clip_grad_norm`; skip the same
-        way when the norm it returns is not finite, and otherwise append it to
+        way (``self._skip``, the reason giving the norm) when the norm it returns is
+        not finite, and otherwise append it to
         ``norms``. Then ``self.optimizer.step()`` and count it in ``self.step``.
         """
         ### BEGIN SOLUTION

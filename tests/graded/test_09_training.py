@@ -469,6 +469,23 @@ def test_nonfinite_loss_skips_the_step(student):
     expect_raises(FloatingPointError, lambda: strict.train_epoch(DataLoader(TOY, batch_size=25)),
                   "a nan loss with on_nonfinite='raise'", mentions=("nan",))
 
+    class InfiniteLossOnce(NanOnce):
+        """An infinite loss whose gradient is finite: a constant inf added to it."""
+
+        def __call__(self, outputs, targets):
+            self.calls += 1
+            loss = nn.CrossEntropyLoss()(outputs, targets)
+            return loss + float("inf") if self.calls == 2 else loss
+
+    for clip in (None, 1.0):
+        model = toy_model()
+        trainer = student.Trainer(model, optim.SGD(model.parameters(), lr=0.5), InfiniteLossOnce(), grad_clip_norm=clip)
+        with np.errstate(all="ignore"):
+            trainer.train_epoch(DataLoader(TOY, batch_size=25))
+        expect_equal((trainer.skipped_steps, trainer.step), (1, 3), f"(skipped_steps, step) after 4 batches, the 2nd "
+                     f"with an inf loss whose gradient is finite, grad_clip_norm={clip} (the loss is checked first, "
+                     "clipping or not)")
+
     class NanGradientOnce(NanOnce):
         """A finite loss whose gradient is nan once: d sqrt(u) / du is inf at u = 0, times 0."""
 
@@ -487,6 +504,13 @@ def test_nonfinite_loss_skips_the_step(student):
     norm = trainer.history["grad_norm"][0]
     assert math.isfinite(norm), f"history['grad_norm'] after a step skipped for its nan gradient norm: expected the " \
                                 f"mean of the 3 steps taken, a finite number, got {norm} (append only finite norms)"
+    model = toy_model()
+    strict = student.Trainer(model, optim.SGD(model.parameters(), lr=0.5), NanGradientOnce(), grad_clip_norm=1.0,
+                             on_nonfinite="raise")
+    with np.errstate(all="ignore"):
+        expect_raises(FloatingPointError, lambda: strict.train_epoch(DataLoader(TOY, batch_size=25)),
+                      "a nan gradient norm with on_nonfinite='raise' (skipped through self._skip, which says where)",
+                      mentions=("nan", "epoch 0 after 1 optimizer steps"))
 
 
 @check(points=1, hint="with grad_clip_norm, clip the accumulated gradient once per step with clip_grad_norm, and "
