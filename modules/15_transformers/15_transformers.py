@@ -563,7 +563,8 @@ print("next_token_probs OK")
 # model on the new token alone:
 #
 # 1. $q, k, v$ of the $T$ new positions from `c_attn`, split into heads
-#    $(B, H, T, D)$ as in Module 14;
+#    $(B, H, T, D)$ as in Module 14 (`reshape(B, T, H, D).transpose(0, 2, 1, 3)`:
+#    tinytrain's `transpose` takes the whole permutation, not PyTorch's pair `(1, 2)`);
 # 2. append $k$ and $v$ to the cached ones along the position axis (axis 2):
 #    $(B, H, S+T, D)$, and store them back in `cache.k`, `cache.v`;
 # 3. attend: the $T$ queries against all $S+T$ keys, `is_causal=True` —
@@ -736,8 +737,8 @@ print(f"{flops_per_token(config) / 1e6:.1f} MFLOPs per token, {flops_per_token(c
 #
 # ## Summary
 #
-# * Pre-LN block: $x + \operatorname{attn}(\operatorname{LN}_1(x))$, then
-#   $+ \operatorname{mlp}(\operatorname{LN}_2(x))$; `ln_f` before the head.
+# * Pre-LN block: $x \leftarrow x + \operatorname{attn}(\operatorname{LN}_1(x))$, then
+#   $x \leftarrow x + \operatorname{mlp}(\operatorname{LN}_2(x))$ on that new $x$; `ln_f` before the head.
 # * GPT = token + position embeddings, $L$ blocks, `ln_f`, `lm_head` tied to `wte`.
 # * Init: $\mathcal N(0, 0.02^2)$; residual projections $0.02/\sqrt{2L}$.
 # * $12C^2$ parameters per block; training costs $6N + 12LCT$ FLOPs per token.
