@@ -397,41 +397,33 @@ def test_evaluate_counts_hits_of_one_hot_targets() -> None:
 # inf loss with a finite gradient through (a step taken, train_loss inf), and one that asked
 # clip_grad_norm to raise skipped self._skip, whose message says where; both earned 27/27.
 
-class _LossCheckedOnlyWithoutClipping(training.Trainer):
-    def _clip_and_step(self, parameters, loss, norms):
-        if self.grad_clip_norm is None and not math.isfinite(loss):
-            return self._skip(f"the loss is {loss}")
-        if self.grad_clip_norm is not None:
-            norm = training.clip_grad_norm(parameters, self.grad_clip_norm)
-            if not math.isfinite(norm):
-                return self._skip(f"the gradient norm is {norm}")
-            norms.append(norm)
-        self.optimizer.step()
-        self.step += 1
-        return True
+def _trainer_that_skips(loss_checked_when_clipping=True, clip_raises=False):
+    """The reference _clip_and_step, its loss checked only without clipping unless ``loss_checked_when_clipping``,
+    and clip_grad_norm asked to raise under on_nonfinite='raise' when ``clip_raises``."""
+
+    class Trainer(training.Trainer):
+        def _clip_and_step(self, parameters, loss, norms):
+            if (loss_checked_when_clipping or self.grad_clip_norm is None) and not math.isfinite(loss):
+                return self._skip(f"the loss is {loss}")
+            if self.grad_clip_norm is not None:
+                norm = training.clip_grad_norm(parameters, self.grad_clip_norm,
+                                               error_if_nonfinite=clip_raises and self.on_nonfinite == "raise")
+                if not math.isfinite(norm):
+                    return self._skip(f"the gradient norm is {norm}")
+                norms.append(norm)
+            self.optimizer.step()
+            self.step += 1
+            return True
+
+    return Trainer
 
 
-class _ClippingThatRaisesItself(training.Trainer):
-    def _clip_and_step(self, parameters, loss, norms):
-        if not math.isfinite(loss):
-            return self._skip(f"the loss is {loss}")
-        if self.grad_clip_norm is not None:
-            norm = training.clip_grad_norm(parameters, self.grad_clip_norm,
-                                           error_if_nonfinite=self.on_nonfinite == "raise")
-            if not math.isfinite(norm):
-                return self._skip(f"the gradient norm is {norm}")
-            norms.append(norm)
-        self.optimizer.step()
-        self.step += 1
-        return True
-
-
-@pytest.mark.parametrize("trainer, expected", [(_LossCheckedOnlyWithoutClipping, "an inf loss whose gradient is finite"),
-                                               (_ClippingThatRaisesItself, "epoch 0 after 1 optimizer steps")])
-def test_a_trainer_that_skips_the_wrong_way_loses_its_points(trainer, expected):
+@pytest.mark.parametrize("wrong, expected", [({"loss_checked_when_clipping": False}, "an inf loss whose gradient is"),
+                                             ({"clip_raises": True}, "epoch 0 after 1 optimizer steps")])
+def test_a_trainer_that_skips_the_wrong_way_loses_its_points(wrong, expected):
     graded = _graded("09_training")
-    graded.test_nonfinite_loss_skips_the_step(_student(training))
-    _fails(graded.test_nonfinite_loss_skips_the_step, _student(training, Trainer=trainer), expected)
+    graded.test_nonfinite_loss_skips_the_step(_student(training, Trainer=_trainer_that_skips()))
+    _fails(graded.test_nonfinite_loss_skips_the_step, _student(training, Trainer=_trainer_that_skips(**wrong)), expected)
 
 
 # -- Module 10 ----------------------------------------------------------------------------------
