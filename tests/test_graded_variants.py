@@ -20,6 +20,7 @@ import pytest
 import tinytrain as tt
 import tinytrain.callbacks as callbacks
 import tinytrain.cuda as cuda
+import tinytrain.data as data
 import tinytrain.distributed as distributed
 import tinytrain.nn.checkpointing as checkpointing
 import tinytrain.nn.embedding as embedding
@@ -339,6 +340,34 @@ def test_an_adam_that_breaks_a_stated_rule_loses_its_point(check_name, adam, exp
     graded = _graded("07_optimizers")
     getattr(graded, check_name)(_student(optim, Adam=_adam()))
     _fails(getattr(graded, check_name), _student(optim, Adam=adam), expected)
+
+
+# -- Module 08 ----------------------------------------------------------------------------------
+# A student's third read: a loader that made its batch tensors with Tensor(...) instead of the given
+# self._tensor copied every batch a second time (an epoch 45% slower), and batch_indices that copied
+# its slices ("views of order"); both earned 17/17.
+
+class _LoaderCopyingEveryBatch(data.DataLoader):
+    def _fetch(self, indices):
+        getitems = getattr(self.dataset, "__getitems__", None)
+        batch = getitems(indices) if getitems is not None else data.collate([self.dataset[int(i)] for i in indices])
+        if isinstance(batch, tuple):
+            return tuple(tt.Tensor(field, device=self._backend) for field in batch)
+        return tt.Tensor(batch, device=self._backend)
+
+
+def _batch_indices_copying(order, batch_size, drop_last=False):
+    return [batch.copy() for batch in data.batch_indices(order, batch_size, drop_last)]
+
+
+@pytest.mark.parametrize("check_name, replaced, expected", [
+    ("test_loader_batches", {"DataLoader": _LoaderCopyingEveryBatch}, "the very array __getitems__ returned"),
+    ("test_batch_indices", {"batch_indices": _batch_indices_copying}, "are views of order"),
+])
+def test_a_loader_that_copies_twice_loses_its_point(check_name, replaced, expected):
+    graded = _graded("08_data")
+    getattr(graded, check_name)(_student(data))
+    _fails(getattr(graded, check_name), _student(data, **replaced), expected)
 
 
 # -- Module 09 ----------------------------------------------------------------------------------

@@ -35,7 +35,8 @@ class WholeBatches:
 
     def __getitems__(self, indices):
         self.calls += 1
-        return tuple(a[indices] for a in self.arrays)
+        self.served = tuple(a[indices] for a in self.arrays)
+        return self.served
 
 
 class OneAtATime:
@@ -131,6 +132,9 @@ def test_batch_indices(student):
                 expected = [order[i:i + batch_size].tolist() for i in range(0, stop, batch_size)]
                 expect_equal([list(b) for b in batches], expected,
                              f"batch_indices({order.tolist()}, {batch_size}, drop_last={drop_last})")
+                expect_equal([np.shares_memory(b, order) for b in batches], [True] * len(batches),
+                             f"whether the batches of batch_indices({order.tolist()}, {batch_size}) are views of "
+                             "order (slices: no copy)")
 
 
 @check(points=1, hint="collate: for tuple (or list) samples, stack field k of every sample into one array "
@@ -165,7 +169,7 @@ def test_collate(student):
 
 @check(points=2, hint="len(loader) is ceil(N / batch_size), or floor with drop_last; each batch is a tuple of "
                       "tensors (one per field) on the loader's device, float features as float32, labels int64; any "
-                      "dataset with __getitems__ gives each batch in one call")
+                      "dataset with __getitems__ gives each batch in one call, whose arrays self._tensor wraps without a copy")
 def test_loader_batches(student):
     ds = student.TensorDataset(X, Y)
     for batch_size, drop_last, count in ((4, False, 3), (4, True, 2), (5, False, 2), (5, True, 2), (11, False, 1),
@@ -192,6 +196,11 @@ def test_loader_batches(student):
     expect_equal(labels(student.DataLoader(own, batch_size=4)), [Y[:4].tolist(), Y[4:8].tolist(), Y[8:].tolist()],
                  "DataLoader(a dataset of its own with __getitems__, batch_size=4): the label batches")
     expect_equal(own.calls, 3, "the calls of __getitems__ in an epoch of 3 batches")
+    ready = WholeBatches(X.astype(np.float32), Y.astype(np.int64))  # nothing to convert: the batch is wrapped as it is
+    xb, yb = next(iter(student.DataLoader(ready, batch_size=4)))
+    expect_equal([np.shares_memory(t.data, a) for t, a in zip((xb, yb), ready.served)], [True, True],
+                 "whether each tensor of a batch holds the very array __getitems__ returned (float32 features, "
+                 "int64 labels: self._tensor wraps them; Tensor(array) would copy every batch a second time)")
 
 
 @check(points=1, hint="a dataset without __getitems__ is read one sample at a time (dataset[int(i)]) and "
