@@ -23,6 +23,7 @@ import tinytrain.cuda as cuda
 import tinytrain.data as data
 import tinytrain.distributed as distributed
 import tinytrain.nn.checkpointing as checkpointing
+import tinytrain.nn.conv as conv
 import tinytrain.nn.embedding as embedding
 import tinytrain.optim as optim
 import tinytrain.text as text
@@ -476,6 +477,59 @@ def test_an_early_stopping_that_stops_only_when_wait_equals_patience_loses_its_p
     graded.test_early_stopping(_student(callbacks))
     _fails(graded.test_early_stopping, _student(callbacks, EarlyStopping=_EarlyStoppingOnlyAtPatience),
            "already stopped", "expected (1, 4, 1), got (2, 5, 8)")
+
+
+# -- Module 11 ----------------------------------------------------------------------------------
+# A student's third read: max pooling that scanned a window column by column (a tie off the first
+# offset went to the wrong element: the graded ties all fell on offset 0), one that kept the best with
+# where(candidate > best, ...) (NaN dropped, where the docstring says it passes), and a backward that
+# computed the bias gradient nobody needed, earned 26/26.
+
+def _max_pool(column_by_column=False, keep_nan=True):
+    """Max pooling that visits a window's offsets row by row (or column by column) and keeps the best with
+    xp.maximum (or with where, which drops NaN)."""
+
+    class MaxPool2dFunction(conv.MaxPool2dFunction):
+        def forward(self, x, *, kernel, stride):
+            xp = self.xp
+            slices = conv.window_slices(xp, x, kernel, stride)
+            order = [i * kernel[1] + j for i in range(kernel[0]) for j in range(kernel[1])]
+            if column_by_column:
+                order = [i * kernel[1] + j for j in range(kernel[1]) for i in range(kernel[0])]
+            best, winner = slices[order[0]].copy(), xp.full(slices[0].shape, order[0], dtype=xp.int32)
+            for k in order[1:]:
+                better = slices[k] > best
+                winner = xp.where(better, k, winner)
+                best = xp.maximum(best, slices[k]) if keep_nan else xp.where(better, slices[k], best)
+            self.winner, self.shape, self.kernel, self.stride = winner, x.shape, kernel, stride
+            return best
+
+    return MaxPool2dFunction
+
+
+class _ConvWithBiasGradientAlways(conv.Conv2dFunction):
+    def backward(self, grad):
+        grads = super().backward(grad)
+        return grads[:2] + (grad.sum(axis=(0, 2, 3)),) if len(grads) == 3 else grads
+
+
+@pytest.mark.parametrize("check_name, pooling, expected", [
+    ("test_max_pool_backward_ties", _max_pool(column_by_column=True), "reading row by row, (0, 1), takes it all"),
+    ("test_max_pool_forward", _max_pool(keep_nan=False), "a window holding NaN gives NaN"),
+])
+def test_a_max_pooling_that_breaks_its_docstring_loses_its_points(monkeypatch, check_name, pooling, expected):
+    graded = _graded("11_convolutions")
+    monkeypatch.setattr(conv, "MaxPool2dFunction", _max_pool())  # what max_pool2d applies
+    getattr(graded, check_name)(_student(conv))
+    monkeypatch.setattr(conv, "MaxPool2dFunction", pooling)
+    _fails(getattr(graded, check_name), _student(conv), expected)
+
+
+def test_a_convolution_that_returns_a_bias_gradient_nobody_needs_loses_its_points():
+    graded = _graded("11_convolutions")
+    graded.test_conv_backward_against_loops(_student(conv))
+    _fails(graded.test_conv_backward_against_loops, _student(conv, Conv2dFunction=_ConvWithBiasGradientAlways),
+           "returned a bias gradient nobody needs")
 
 
 # -- Module 12 ----------------------------------------------------------------------------------

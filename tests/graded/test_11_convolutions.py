@@ -345,6 +345,11 @@ def test_conv_backward_against_loops(student):
                 assert leaf.grad is None, f"{where}: expected no {name} gradient, got {leaf.grad}"
             else:
                 expect_close(leaf.grad, expected, f"{name} gradient, {where}", atol=1e-10)
+    frozen_bias = student.Conv2dFunction.apply(t64(x, requires_grad=True), t64(w, requires_grad=True), t64(b),
+                                               stride=(1, 1), padding=(1, 1))
+    returned = frozen_bias._ctx.backward(RNG.standard_normal(frozen_bias.shape))
+    assert returned[2] is None, f"x {WIDE_X}, weight {WIDE_WEIGHT}, bias (32,) without requires_grad: " \
+                                f"Conv2dFunction.backward returned a bias gradient nobody needs (expected None)"
     for x_shape, w_shape, padding in [((1, 2, 4, 4), (3, 2, 3, 3), (0, 0)), ((1, 32, 4, 4), WIDE_WEIGHT, (1, 1))]:
         x, w, b = (t64(RNG.standard_normal(s), requires_grad=True) for s in (x_shape, w_shape, w_shape[:1]))
         for inputs in ([x, w], [x, w, b]):
@@ -464,7 +469,8 @@ def test_conv2d_layer_init(student):
 @check(points=2, hint="MaxPool2dFunction.forward: start from a copy of the first offset's slice (not zeros: values "
                       "may be negative), xp.maximum with every other offset's slice; use window_slices, which "
                       "handles overlapping windows and gaps; keep the dtype; a 1x1 window has one offset, and a "
-                      "window may have more than 256 (the winner's offset must fit its array)")
+                      "window may have more than 256 (the winner's offset must fit its array); a window holding NaN "
+                      "gives NaN")
 def test_max_pool_forward(student):
     x = RNG.standard_normal((2, 3, 6, 8)) - 1.0  # mostly negative
     for kernel, stride in POOL_CASES:
@@ -484,6 +490,10 @@ def test_max_pool_forward(student):
         expect_equal(xt.numpy(), x, f"the input after max_pool2d and avg_pool2d(x, {kernel}, {stride}) (start from a "
                      "COPY of the first slice: the slices are views of x)")
     expect_equal(student.MaxPool2d(3, 2)(t64(x)), loops_pool(x, (3, 3), (2, 2), np.max), "MaxPool2d(3, 2)")
+    holes = np.array([[[[1.0, np.nan, 5.0, 4.0], [0.0, 2.0, 3.0, np.nan]]]])
+    expect_close(student.max_pool2d(t64(holes), 2), np.array([[[[np.nan, np.nan]]]]), rtol=0, atol=0, what=
+                 f"max_pool2d of {holes[0, 0].tolist()}, kernel 2: a window holding NaN gives NaN (xp.maximum "
+                 "passes NaN on; a comparison with NaN is False, so where(candidate > best, ...) drops it)")
 
 
 @check(points=2, hint="max pooling sends each window's gradient to its FIRST maximum, row by row: in forward, an "
@@ -502,6 +512,11 @@ def test_max_pool_backward_ties(student):
         expect_close(xt.grad, loops_max_pool_grad(x, g, kernel, stride),
                      f"max pooling's gradient with ties, kernel {kernel}, stride {stride} (the first maximum takes "
                      "it all)", atol=1e-12)
+    window = np.array([[[[1.0, 3.0], [3.0, 0.0]]]])  # tied maxima at (0, 1) and (1, 0): row by row, (0, 1) is first
+    xt = t64(window, requires_grad=True)
+    student.max_pool2d(xt, 2).backward(t64(np.full((1, 1, 1, 1), 10.0)))
+    expect_equal(xt.grad, np.array([[[[0.0, 10.0], [0.0, 0.0]]]]), "max pooling's gradient of the window "
+                 "[[1, 3], [3, 0]] for an upstream 10: the first maximum reading row by row, (0, 1), takes it all")
 
 
 @check(points=1, hint="MaxPool2dFunction.backward: on the tiled path assign EVERY element of each slice (the array is "
