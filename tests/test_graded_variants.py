@@ -25,6 +25,8 @@ import tinytrain.distributed as distributed
 import tinytrain.nn.checkpointing as checkpointing
 import tinytrain.nn.conv as conv
 import tinytrain.nn.embedding as embedding
+import tinytrain.nn.layers as layers
+import tinytrain.nn.module as module
 import tinytrain.optim as optim
 import tinytrain.text as text
 import tinytrain.nn.losses as losses
@@ -194,6 +196,45 @@ def test_a_tanh_that_cancels_digits_near_zero_loses_its_point():
     for variant in (_tanh_from_sigmoid, _tanh_from_exponentials):
         _fails(graded.test_tanh, _student(activations, tanh=variant), "tanh([0.0001, -0.003, 2e-06]) in float32",
                "lose digits")
+
+
+# -- Module 04 ----------------------------------------------------------------------------------
+# A student's third read: a LinearFunction.backward that computed G W for an x that needs none (the
+# first layer's wasted product) or G^T X for a frozen weight, and a __setattr__ that moved a re-assigned
+# parameter or buffer to the end of its registry ("keeps its place"), earned 15/15.
+
+class _LinearWithEveryGradient(layers.LinearFunction):
+    def backward(self, grad):
+        grad_x, grad_weight, *rest = super().backward(grad)
+        rows, x = grad.reshape(-1, grad.shape[-1]), self.x.reshape(-1, self.x.shape[-1])
+        return (grad @ self.weight if grad_x is None else grad_x,
+                rows.T @ x if grad_weight is None else grad_weight, *rest)
+
+
+def _module_moving_reassigned(registry_name):
+    class Module(module.Module):
+        def __setattr__(self, name, value):
+            registry = self.__dict__.get(registry_name)
+            if registry is not None and name in registry and isinstance(value, tt.Tensor):
+                del registry[name]
+                if registry_name == "_buffers":  # a buffer's name is only re-registered by register_buffer
+                    object.__setattr__(self, name, value)
+                    registry[name] = value
+                    return
+            super().__setattr__(name, value)
+
+    return Module
+
+
+@pytest.mark.parametrize("check_name, replaced, expected", [
+    ("test_linear_backward", {"LinearFunction": _LinearWithEveryGradient}, "None for an x that needs no gradient"),
+    ("test_setattr_registers", {"Module": _module_moving_reassigned("_parameters")}, "after root.scale = another"),
+    ("test_setattr_registers", {"Module": _module_moving_reassigned("_buffers")}, "and then leaf.count = tt.tensor(7)"),
+])
+def test_a_layer_that_breaks_its_docstring_loses_its_points(check_name, replaced, expected):
+    graded, student = _graded("04_layers"), {**vars(module), **vars(layers)}
+    getattr(graded, check_name)(types.SimpleNamespace(**student))
+    _fails(getattr(graded, check_name), types.SimpleNamespace(**{**student, **replaced}), expected)
 
 
 # -- Module 06 ----------------------------------------------------------------------------------

@@ -78,6 +78,14 @@ def test_setattr_registers(student):
                  "('first' in _modules, 'first' in _parameters) after root.first = Parameter(...)")
     expect_equal(_names(root.named_parameters()), ["scale", "first", "second.w", "again.w"],
                  "named_parameters() after root.first (a Leaf) became a Parameter")
+    root.scale = student.Parameter(np.ones(1, dtype=np.float32))  # a new parameter under a registered name
+    expect_equal(_names(root.named_parameters()), ["scale", "first", "second.w", "again.w"],
+                 "named_parameters() after root.scale = another Parameter (the name keeps its place)")
+    leaf = _tree(student).first
+    leaf.register_buffer("total", tt.zeros(1))
+    leaf.count = tt.tensor(7)  # a new tensor under a registered buffer's name
+    expect_equal(list(leaf._buffers), ["count", "total"], "a Leaf's _buffers after register_buffer('total', ...) "
+                 "and then leaf.count = tt.tensor(7) (the name keeps its place)")
 
     class Early(student.Module):
         def __init__(self):
@@ -243,7 +251,7 @@ def test_load_state_dict(student):
 
 @check(points=2, hint="LinearFunction.backward: grad_x = G W (when x needs it), grad_weight = G^T X over all leading "
                       "axes written into xp.empty_like(weight), grad_bias = row sums of G; one gradient per input, "
-                      "in grad's dtype")
+                      "in grad's dtype, None for x or weight when it needs none")
 def test_linear_backward(student):
     fused = student.LinearFunction.apply  # the installed Function.apply and engine, the student's backward
     x = tt.tensor(RNG.standard_normal((2, 3, 4)), dtype="float64", requires_grad=True)
@@ -282,6 +290,17 @@ def test_linear_backward(student):
                      f"the memory order of grad_weight {what} (the weight's: write into xp.empty_like(weight))")
         for name, array in zip(("grad_x", "grad_weight", "grad_bias"), grads):
             expect_equal(np.dtype(array.dtype), np.dtype(np.float32), f"the dtype of {name} {what} for float32 inputs")
+    data = tt.tensor(RNG.standard_normal((6, 4)).astype(np.float32))  # needs no gradient: the first layer
+    grads = fused(data, layer.weight, layer.bias)._ctx.backward(g)
+    expect_equal(grads[0] is None, True, "whether backward returns None for an x that needs no gradient (the first "
+                 "layer skips G W)")
+    frozen = fused(inputs, layer.weight.detach(), layer.bias)
+    expect_equal(frozen._ctx.backward(g)[1] is None, True, "whether backward returns None for a weight that needs "
+                 "no gradient")
+    wide = tt.tensor(RNG.standard_normal((6, 4)), dtype="float64", requires_grad=True)
+    grads = fused(wide, layer.weight, layer.bias)._ctx.backward(g.astype(np.float64))
+    expect_equal(np.dtype(grads[0].dtype), np.dtype(np.float64), "the dtype of grad_x for a float64 grad and a "
+                 "float32 weight (grad's dtype)")
 
 
 @check(points=1, hint="ModuleList.append registers the module under the next index name ('0', '1', ...), refuses "
