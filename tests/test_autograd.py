@@ -74,6 +74,22 @@ def test_custom_function_passes_gradcheck(device):
     assert tt.gradcheck(lambda t: Cube.apply(t).sum(), [leaf([0.5, -1.5, 2.0], device)]) is True
 
 
+class _NanSlope(Function):
+    """The zero function whose backward gives nan: nan - numeric compared with any tolerance is False."""
+
+    def forward(self, a):
+        return a * 0.0
+
+    def backward(self, grad):
+        return (self.xp.full(grad.shape, np.nan),)
+
+
+def test_gradcheck_catches_a_nan_gradient(device):
+    # The worst mismatch was kept with `excess > worst`, which is False for nan: gradcheck returned True.
+    with pytest.raises(tt.GradcheckError, match="nan"):
+        tt.gradcheck(lambda t: _NanSlope.apply(t).sum(), [leaf([0.5, -1.5], device)])
+
+
 def test_gradcheck_catches_wrong_backward(device):
     x = leaf([3.0], device)
     with pytest.raises(AssertionError) as info:

@@ -142,7 +142,16 @@ def test_function_apply_errors(student):
             raise ValueError("shapes do not fit")
 
     expect_raises(ValueError, lambda: Broken.apply(tt.zeros(2, 3), tt.zeros(4)),
-                  "Broken.apply of shapes (2, 3) and (4,) whose forward raises ValueError", mentions=("(2, 3)", "(4,)"))
+                  "Broken.apply of shapes (2, 3) and (4,) whose forward raises ValueError",
+                  mentions=("Broken", "(2, 3)", "(4,)", "shapes do not fit"))
+
+    class Refusing(student.Function):
+        def forward(self, a):
+            raise TypeError("unsupported dtype")
+
+    expect_raises(TypeError, lambda: Refusing.apply(tt.zeros(2, 3)), "Refusing.apply whose forward raises TypeError "
+                  "(only a ValueError becomes apply's ValueError; anything else goes on as it is)",
+                  mentions=("unsupported dtype",))
 
 
 @check(points=1, hint="apply passes params to forward by name (forward(*arrays, **params)), and the result lives on "
@@ -425,7 +434,16 @@ def test_engine_none_gradients_and_nested_backward(student):
             return grad * 2  # a bare array, not (grad * 2,): zip would give the input its first row
 
     expect_raises(TypeError, lambda: student.backward(Bare.apply(tt.tensor([[1.0, 2.0]], requires_grad=True)).sum()),
-                  "backward through an operation whose backward returns a bare array", mentions=("Bare", "tuple"))
+                  "backward through an operation whose backward returns a bare array", mentions=("Bare", "tuple",
+                                                                                             "ndarray"))
+
+    class Listed(Bare):
+        def backward(self, grad):
+            return [grad * 2]  # a list holds one gradient per input, but it is not the tuple the rule asks for
+
+    expect_raises(TypeError, lambda: student.backward(Listed.apply(tt.tensor([1.0, 2.0], requires_grad=True)).sum()),
+                  "backward through an operation whose backward returns a list (anything but a tuple raises)",
+                  mentions=("Listed", "tuple", "list"))
 
     p, constant = tt.tensor([1.0, 2.0], requires_grad=True), tt.tensor([5.0, 5.0])
     student.backward(Both.apply(p, constant).sum())
@@ -654,6 +672,18 @@ def test_gradcheck_reports_the_worst_element(student):
         def backward(self, grad):
             return (self.xp.full(grad.shape, 1e-5),)
 
+    class NotANumber(InstalledFunction):
+        """The zero function, whose backward gives nan: |nan - 0| <= tolerance is False, so it must fail."""
+
+        def forward(self, a):
+            return a * 0.0
+
+        def backward(self, grad):
+            return (self.xp.full(grad.shape, np.nan),)
+
+    expect_raises(AssertionError, lambda: student.gradcheck(NotANumber.apply, [
+        tt.tensor([1.0, 2.0], dtype="float64", requires_grad=True)]), "gradcheck of a rule whose gradient is nan",
+        mentions=("nan",))
     result = student.gradcheck(AtTolerance.apply, [tt.tensor([1.0, 2.0], dtype="float64", requires_grad=True)])
     assert result is True, (f"gradcheck with |analytic - numeric| == atol exactly (0 + atol >= 1e-5): expected True, "
                             f"got {result!r}")

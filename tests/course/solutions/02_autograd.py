@@ -178,6 +178,8 @@ def gradcheck(fn, inputs, eps=1e-6, atol=1e-5, rtol=1e-3):
             numerical = (plus - minus) / (2 * eps)
             a = float(analytic[index])
             excess = abs(a - numerical) - (atol + rtol * abs(numerical))
+            if np.isnan(excess):
+                excess = np.inf
             if worst is None or excess > worst[0]:
                 worst = (excess, i, index, a, numerical)
     if worst is not None and worst[0] > 0:
