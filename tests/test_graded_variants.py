@@ -215,13 +215,12 @@ def _module_moving_reassigned(registry_name):
     class Module(module.Module):
         def __setattr__(self, name, value):
             registry = self.__dict__.get(registry_name)
-            if registry is not None and name in registry and isinstance(value, tt.Tensor):
+            moved = registry is not None and name in registry and isinstance(value, tt.Tensor)
+            if moved:
                 del registry[name]
-                if registry_name == "_buffers":  # a buffer's name is only re-registered by register_buffer
-                    object.__setattr__(self, name, value)
-                    registry[name] = value
-                    return
             super().__setattr__(name, value)
+            if moved:
+                registry.setdefault(name, value)  # back in, at the end (a buffer's name was not re-registered)
 
     return Module
 
@@ -494,7 +493,8 @@ def _trainer_that_skips(loss_checked_when_clipping=True, clip_raises=False):
 def test_a_trainer_that_skips_the_wrong_way_loses_its_points(wrong, expected):
     graded = _graded("09_training")
     graded.test_nonfinite_loss_skips_the_step(_student(training, Trainer=_trainer_that_skips()))
-    _fails(graded.test_nonfinite_loss_skips_the_step, _student(training, Trainer=_trainer_that_skips(**wrong)), expected)
+    _fails(graded.test_nonfinite_loss_skips_the_step, _student(training, Trainer=_trainer_that_skips(**wrong)),
+           expected)
 
 
 # -- Module 10 ----------------------------------------------------------------------------------

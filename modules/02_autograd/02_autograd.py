@@ -900,10 +900,11 @@ def backward(tensor: Any, grad: Any = None, retain_graph: bool = False) -> None:
     ``grad`` defaults to 1 for a single-element ``tensor``; for any other shape
     it must be given, with the tensor's shape. It is cast to the tensor's dtype, as in
     PyTorch (``Tensor.backward`` turns an array or a list straight into a tensor of
-    that dtype: through the default float32 it would round a float64 gradient). A ``None`` from an operation's
-    ``backward`` gives that input nothing, whether or not it requires grad (an
-    operation that so receives no gradient at all is skipped), and an
-    input that does not require grad gets nothing, whatever ``backward`` returned.
+    that dtype: through the default float32 it would round a float64 gradient).
+    A ``None`` from an operation's ``backward`` gives that input nothing, whether or
+    not it requires grad (an operation that so receives no gradient at all is
+    skipped), and an input that does not require grad gets nothing, whatever
+    ``backward`` returned.
     An operation's ``backward`` that returns anything but a tuple raises
     ``TypeError`` naming the operation, the word "tuple" (what it must return)
     and what it returned.

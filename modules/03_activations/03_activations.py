@@ -146,7 +146,8 @@ big = tt.tensor([-1000.0, 1000.0])
 assert sigmoid(big).numpy().tolist() == [0.0, 1.0] and tanh(big).numpy().tolist() == [-1.0, 1.0]
 small = tt.tensor([1e-4])
 assert np.allclose(tanh(small).numpy(), np.tanh(small.numpy()), rtol=1e-6, atol=0), \
-    f"tanh(1e-4) should keep its digits (np.tanh gives {np.tanh(small.numpy())[0]:.8g}), got {tanh(small).numpy()[0]:.8g}"
+    f"tanh(1e-4) should keep its digits (np.tanh gives {np.tanh(small.numpy())[0]:.8g}), " \
+    f"got {tanh(small).numpy()[0]:.8g}"
 print("relu, sigmoid, tanh OK")
 
 # %% [markdown]

@@ -169,7 +169,8 @@ def test_collate(student):
 
 @check(points=2, hint="len(loader) is ceil(N / batch_size), or floor with drop_last; each batch is a tuple of "
                       "tensors (one per field) on the loader's device, float features as float32, labels int64; any "
-                      "dataset with __getitems__ gives each batch in one call, whose arrays self._tensor wraps without a copy")
+                      "dataset with __getitems__ gives each batch in one call, whose arrays self._tensor wraps "
+                      "without a copy")
 def test_loader_batches(student):
     ds = student.TensorDataset(X, Y)
     for batch_size, drop_last, count in ((4, False, 3), (4, True, 2), (5, False, 2), (5, True, 2), (11, False, 1),
