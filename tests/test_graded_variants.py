@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 import tinytrain as tt
+import tinytrain.autograd as autograd
 import tinytrain.callbacks as callbacks
 import tinytrain.cuda as cuda
 import tinytrain.data as data
@@ -158,6 +159,118 @@ def test_checkpoint_of_a_computed_input_it_does_not_use():
     unused = w * 2.0
     tt.checkpoint(lambda a, b: a * 3.0, x, unused).sum().backward()
     assert x.grad.numpy().tolist() == [3.0, 3.0] and w.grad is None
+
+
+# gradcheck names "the worst mismatch (the largest excess over its tolerance)" and fails a nan; apply turns
+# only a forward's ValueError into its own, keeping the message. A student's third read wrote each of
+# these wrong and earned full marks for Module 02 (session 38); the checks grade them now.
+
+def student_gradcheck(worst_by: str = "excess", nan_fails: bool = True):
+    """A student's gradcheck that compares each input's gradients at once, after all its central differences.
+
+    ``worst_by="difference"`` names the element with the largest ``|analytic - numeric|``;
+    ``nan_fails=False`` tests ``excess > 0``, which is False for nan.
+    """
+
+    def gradcheck(fn, inputs, eps=1e-6, atol=1e-5, rtol=1e-3):
+        inputs = list(inputs)
+        checked = [i for i, x in enumerate(inputs) if getattr(x, "requires_grad", False)]
+        if not checked:
+            raise ValueError("gradcheck: no input has requires_grad=True")
+        for i in checked:
+            if inputs[i].dtype != np.float64:
+                raise TypeError(f"gradcheck needs float64 inputs; input {i} has dtype {inputs[i].dtype}")
+            inputs[i].grad = None
+        out = fn(*inputs)
+        weights = out._backend.from_host(np.random.default_rng(0).standard_normal(out.shape).astype(out.dtype))
+        out.backward(out._make(weights, out._backend))
+
+        def projected() -> float:
+            with no_grad():
+                return float((fn(*inputs).data * weights).sum())
+
+        worst = None  # (score, message)
+        for i in checked:
+            x = inputs[i]
+            values = x._backend.to_host(x.data).copy()
+            analytic = np.zeros_like(values) if x.grad is None else x._backend.to_host(x.grad.data)
+            numeric = np.empty_like(values)
+            for j in range(values.size):
+                original, sides = values.flat[j], []
+                for step in (eps, -eps):
+                    values.flat[j] = original + step
+                    x.data = x._backend.from_host(values)
+                    sides.append(projected())
+                values.flat[j] = original
+                numeric.flat[j] = (sides[0] - sides[1]) / (2 * eps)
+            x.data = x._backend.from_host(values)
+            difference = np.abs(analytic - numeric)
+            excess = difference - (atol + rtol * np.abs(numeric))
+            failing = ~(excess <= 0) if nan_fails else excess > 0
+            if not failing.any():
+                continue
+            score = np.where(failing, np.nan_to_num(excess if worst_by == "excess" else difference, nan=np.inf),
+                             -np.inf)
+            j = int(np.argmax(score))
+            if worst is None or score.flat[j] > worst[0]:
+                index = tuple(int(k) for k in np.unravel_index(j, values.shape))
+                worst = (score.flat[j], f"gradient of input {i} at index {index}: autograd gives "
+                                        f"{analytic.flat[j]:.6g}, central differences give {numeric.flat[j]:.6g}")
+        if worst is not None:
+            raise autograd.GradcheckError(worst[1])
+        return True
+
+    return gradcheck
+
+
+@pytest.mark.parametrize("name", ["test_gradcheck", "test_gradcheck_reports_the_worst_element"])
+def test_a_correct_vectorised_gradcheck_passes(name):
+    getattr(_graded("02_autograd"), name)(_student(autograd, gradcheck=student_gradcheck()))
+
+
+@pytest.mark.parametrize("variant, expected", [
+    (student_gradcheck(worst_by="difference"), "expected the AssertionError to name '(1,)'"),
+    (student_gradcheck(nan_fails=False), "gradcheck of a rule whose gradient is nan"),
+])
+def test_a_gradcheck_that_misranks_or_passes_nan_loses_its_point(variant, expected):
+    _fails(_graded("02_autograd").test_gradcheck_reports_the_worst_element, _student(autograd, gradcheck=variant),
+           expected)
+
+
+class _ApplyRewrappingEveryError(autograd.Function):
+    """A student's apply that catches every exception of forward (``except Exception``) as its ValueError."""
+
+    @classmethod
+    def apply(cls, *inputs, **params):
+        try:
+            return super().apply.__func__(cls, *inputs, **params)
+        except Exception as error:
+            shapes = " and ".join(str(t.shape) for t in inputs)
+            raise ValueError(f"{cls.__name__} of tensors with shapes {shapes}: {error}") from error
+
+
+class _ApplyDroppingTheMessage(autograd.Function):
+    """A student's apply whose ValueError names the operation and the shapes but not what forward said."""
+
+    @classmethod
+    def apply(cls, *inputs, **params):
+        try:
+            return super().apply.__func__(cls, *inputs, **params)
+        except ValueError:
+            shapes = " and ".join(str(t.shape) for t in inputs)
+            raise ValueError(f"{cls.__name__} of tensors with shapes {shapes}") from None
+
+
+@pytest.mark.parametrize("variant, expected", [
+    (_ApplyRewrappingEveryError, "expected TypeError"),
+    (_ApplyDroppingTheMessage, "shapes do not fit"),
+])
+def test_an_apply_that_changes_forwards_errors_loses_its_point(variant, expected):
+    _fails(_graded("02_autograd").test_function_apply_errors, _student(autograd, Function=variant), expected)
+
+
+def test_the_reference_apply_passes_the_error_check():
+    _graded("02_autograd").test_function_apply_errors(_student(autograd))
 
 
 # The lesson: "`g[idx] = grad` would keep only one, so we use the backend's `scatter_add`". A student

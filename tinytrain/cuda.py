@@ -115,7 +115,7 @@ def scatter_add(cupyx: Any, target: Any, index: Any, values: Any) -> None:
     values too), a Python or NumPy number as ``np.uint64(int(values) & (2**64 - 1))``.
     The supported dtypes go to ``cupyx.scatter_add`` as they are. Other dtypes that CuPy's
     atomic add does not support raise ``TypeError`` naming the dtype and the
-    supported ones, before anything reaches ``cupyx``.
+    supported ones (``SCATTER_ADD_DTYPES`` and int64), before anything reaches ``cupyx``.
     """
     dtype = np.dtype(target.dtype)
     if dtype == np.int64:

@@ -832,7 +832,7 @@ print(layer, "OK")
 #   backward must *add* into zeros, like col2im.
 #
 # (Why not simply `blocks.max(axis=(3, 5))`? Try it in section 8: NumPy's
-# reductions over short, strided axes are more than ten times slower than four
+# reductions over short, strided axes are dozens of times slower than four
 # `maximum` calls.)
 #
 # The library's max pooling visits the offsets a few images at a time
@@ -1341,7 +1341,7 @@ print(f"max pool 2x2 of (128, 8, 28, 28): .max(axis=(3, 5)) {reduction * 1e3:.2f
       f"4 maximum calls {offsets * 1e3:.2f} ms ({reduction / offsets:.0f}x)")
 
 # %% [markdown]
-# Same numbers, same memory, about 50 times slower (on our machine). The
+# Same numbers, same memory, 30 to 50 times slower (on our machines). The
 # reduction walks axes of length 2 in its inner loop, paying NumPy's per-loop
 # overhead for every two elements; `maximum` on two slices runs its inner loop
 # along a row of 14. *Where* the loops run matters as much as how many

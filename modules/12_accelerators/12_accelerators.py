@@ -466,8 +466,8 @@ print("DrawCounter OK")
 #
 # Write `scatter_add(cupyx, target, index, values)`: route int64 through uint64
 # views, pass the supported dtypes straight to `cupyx.scatter_add`, and raise a
-# `TypeError` naming the dtype and the supported ones for anything else
-# (booleans, int8, ...). `values` may be an array of the target's device or a
+# `TypeError` naming the dtype and the supported ones (`SCATTER_ADD_DTYPES`
+# and int64) for anything else (booleans, int8, ...). `values` may be an array of the target's device or a
 # Python or NumPy number. The fake's
 # `cupyx.scatter_add` refuses what CuPy's refuses, so the check tells you if a
 # dtype slipped through unconverted.
@@ -485,7 +485,7 @@ def scatter_add(cupyx: Any, target: Any, index: Any, values: Any) -> None:
     values too), a Python or NumPy number as ``np.uint64(int(values) & (2**64 - 1))``.
     The supported dtypes go to ``cupyx.scatter_add`` as they are. Other dtypes that CuPy's
     atomic add does not support raise ``TypeError`` naming the dtype and the
-    supported ones, before anything reaches ``cupyx``.
+    supported ones (``SCATTER_ADD_DTYPES`` and int64), before anything reaches ``cupyx``.
     """
     ### BEGIN SOLUTION
     dtype = np.dtype(target.dtype)

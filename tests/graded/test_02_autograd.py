@@ -702,6 +702,25 @@ def test_gradcheck_reports_the_worst_element(student):
                   "gradcheck of a rule off by 1% for input 0 and by 100% for input 1 (the worst over all inputs)",
                   mentions=("input 1",))
 
+    class SteepAndFlat(InstalledFunction):
+        """1000 a[0] + a[1], whose backward says 1001.5 and 2: (times gradcheck's projection weight w) off by 1.5 w
+        where the tolerance is 1e-5 + w, by w where it is 1e-5 + 0.001 w. The worst element is the largest excess
+        over its tolerance (index 1), not the largest difference (index 0)."""
+
+        def forward(self, a):
+            return (a * self.xp.array([1000.0, 1.0])).sum()
+
+        def backward(self, grad):
+            return (grad * self.xp.array([1001.5, 2.0]),)
+
+    error = expect_raises(AssertionError, lambda: student.gradcheck(SteepAndFlat.apply, [
+        tt.tensor([1.0, 2.0], dtype="float64", requires_grad=True)]),
+        "gradcheck of 1000 a0 + a1 with the slopes 1001.5 and 2 (the largest difference is at (0,), the largest "
+        "excess over its tolerance at (1,))",
+        mentions=("(1,)",))
+    assert "(0,)" not in str(error), (f"the GradcheckError names the largest excess over the tolerance, at index "
+                                      f"(1,), not the largest difference, at (0,): got {str(error)!r}")
+
     class JustOutside(InstalledFunction):
         """1000 a, whose backward says 1001.001: |analytic - numeric| = 1.001 > atol + rtol * |numeric| = 1.00001."""
 
