@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 import tinytrain as tt
+import tinytrain.backend as backend_module
 import tinytrain.autograd as autograd
 import tinytrain.callbacks as callbacks
 import tinytrain.cuda as cuda
@@ -80,6 +81,78 @@ def test_correct_factories_pass_the_zeros_ones_check():
 def test_a_ones_that_drops_requires_grad_loses_its_point():
     _fails(_graded("01_tensor").test_zeros_ones, _student(tensor_module, ones=_ones_without_requires_grad),
            "ones(2, requires_grad=True).requires_grad", "expected True")
+
+
+
+# A student's third read of Module 01 (session 39) found five wrong variants that earned 14/14, each breaking
+# a stated rule (some stated only now): a non-string device silently meaning the CPU, to_array(device=None)
+# moving a device's data to the CPU, float64 random numbers drawn as float32, zeros() of shape (1,), and
+# to_array trusting `array.base is None` -- the lesson's old hint -- for an object whose __array__ hands out
+# the array it keeps (the reference itself had that hole).
+
+def _module_01(**replaced: object) -> types.SimpleNamespace:
+    """Module 01's code, backend and tensor, as the ``student`` fixture, with ``replaced`` names swapped in."""
+    return types.SimpleNamespace(**{**vars(backend_module), **vars(tensor_module), **replaced})
+
+
+def _get_backend_defaulting_to_the_cpu(device=None):
+    return backend_module.get_backend(device if isinstance(device, (str, backend_module.Backend)) else None)
+
+
+def _to_array_with_get_backend_none(data, dtype=None, device=None):
+    """Passes device=None on to get_backend, which means the CPU: a strict array moves there."""
+    return tensor_module.to_array(data, dtype, backend_module.get_backend(device))
+
+
+def student_to_array(trusts_base: bool):
+    """A student's to_array; ``trusts_base`` counts every asarray result with ``base is None`` as a copy."""
+
+    def to_array(data, dtype=None, device=None):
+        if isinstance(data, tensor_module.Tensor):
+            array, source, natural, fresh = data.data, data._backend, data.dtype, False
+        else:
+            source = backend_module.backend_of_array(data)
+            array, fresh = data, False
+            if source is None:
+                array, source = np.asarray(data), backend_module.get_backend("cpu")
+                fresh = array.base is None and array is not data if trusts_base else isinstance(data, (list, tuple))
+            if array.dtype.kind not in "biuf":
+                raise TypeError(f"cannot make a tensor of dtype {array.dtype}")
+            natural = tensor_module.default_dtype(array.dtype)
+        target = source if device is None else backend_module.get_backend(device)
+        if target is not source:
+            array, fresh = target.from_host(source.to_host(array)), True
+        result = array.astype(natural if dtype is None else np.dtype(dtype), order="C", copy=False)
+        return result.copy() if result is array and not fresh else result, target
+
+    return to_array
+
+
+def _randn_cast_from_float32(*shape, dtype=None, device=None, requires_grad=False):
+    return tensor_module._filled(lambda b, s, d: b.random_normal(s, "float32").astype(d),
+                                 tensor_module._shape_arg(shape), dtype, device, requires_grad)
+
+
+def _zeros_of_one_number(*shape, **options):
+    return tensor_module.zeros(*(shape or (1,)), **options)
+
+
+@pytest.mark.parametrize("check_name", ["test_get_backend_caches", "test_to_array_copies",
+                                        "test_to_array_devices_and_errors", "test_zeros_ones", "test_randn_rand"])
+def test_module_01_reference_and_a_students_to_array_pass(check_name):
+    for student in (_module_01(), _module_01(to_array=student_to_array(trusts_base=False))):
+        getattr(_graded("01_tensor"), check_name)(student)
+
+
+@pytest.mark.parametrize("check_name, replaced, expected", [
+    ("test_get_backend_caches", {"get_backend": _get_backend_defaulting_to_the_cpu}, "expected TypeError"),
+    ("test_to_array_devices_and_errors", {"to_array": _to_array_with_get_backend_none}, "keeps it where it is"),
+    ("test_to_array_copies", {"to_array": student_to_array(trusts_base=True)}, "__array__ returns the array"),
+    ("test_randn_rand", {"randn": _randn_cast_from_float32}, "randn(3, 4, dtype='float64')"),
+    ("test_zeros_ones", {"zeros": _zeros_of_one_number}, "0-d"),
+])
+def test_a_module_01_variant_that_breaks_its_docstring_loses_points(check_name, replaced, expected):
+    _fails(getattr(_graded("01_tensor"), check_name), _module_01(**replaced), expected)
 
 
 # -- Module 02 ----------------------------------------------------------------------------------

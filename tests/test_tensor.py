@@ -94,6 +94,22 @@ def test_tensor_does_not_share_memory_with_its_source(device, dtype):
     assert t.numpy()[0] == 1
 
 
+def test_tensor_does_not_share_the_array_an_objects_array_method_hands_out(device):
+    """np.asarray returns that very array (base None): it is not a copy, so to_array must make one."""
+
+    class Column:
+        def __init__(self):
+            self.values = np.ones(3, dtype=np.float32)
+
+        def __array__(self, dtype=None, copy=None):
+            return self.values
+
+    column = Column()
+    t = tt.tensor(column, device=device)
+    column.values[0] = 5.0
+    assert t.numpy().tolist() == [1.0, 1.0, 1.0]
+
+
 def test_requires_grad_flag(device):
     assert tt.tensor([1.0], device=device).requires_grad is False
     assert tt.tensor([1.0], requires_grad=True, device=device).requires_grad is True

@@ -183,7 +183,9 @@ def get_backend(device: str | Backend | None = None) -> Backend:
     """The (cached) backend for ``device``; ``None`` means ``"cpu"``.
 
     Every spelling of one device gives the same object: ``"cpu"`` and ``"cpu:0"``
-    (there is one CPU), ``"strict"``, ``"strict:0"`` and ``"strict:00"``.
+    (there is one CPU: any index names it, as in PyTorch), ``"strict"``, ``"strict:0"``
+    and ``"strict:00"``. Anything but a name, a ``Backend`` or ``None`` raises
+    ``parse_device``'s ``TypeError``.
     """
     if isinstance(device, Backend) or (not isinstance(device, str) and device in _BACKENDS.values()):
         return device  # the second test: a backend whose class comes from another copy of Backend (a notebook's)

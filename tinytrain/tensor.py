@@ -366,9 +366,11 @@ class Tensor:
 
 
 def to_array(data: Any, dtype: Any = None, device: Any = None) -> tuple[Any, Backend]:
-    """A fresh array holding ``data`` on ``device`` (default: where it is) and its backend.
+    """A fresh array holding ``data`` on ``device`` and its backend.
 
-    ``device`` is a name (``"cuda:1"``) or a ``Backend`` object, as ``get_backend`` takes.
+    ``device`` is a name (``"cuda:1"``) or a ``Backend`` object, as ``get_backend`` takes;
+    ``None`` (the default) keeps the data where it is -- unlike ``get_backend(None)``,
+    which means the CPU: a tensor or an array of another device stays on that device.
     """
     fresh = False  # whether `array` is a new array that no one else holds
     if isinstance(data, Tensor):
@@ -377,7 +379,7 @@ def to_array(data: Any, dtype: Any = None, device: Any = None) -> tuple[Any, Bac
         source = backend_of_array(data)
         if source is None:
             array, source = np.asarray(data), get_backend("cpu")
-            fresh = array is not data and array.base is None  # a list's new array, not a view of a buffer
+            fresh = isinstance(data, (list, tuple, int, float))  # built by asarray; anything else may be the caller's
         else:
             array = data
         if array.dtype.kind not in "biuf":

@@ -255,7 +255,9 @@ def get_backend(device: str | Backend | None = None) -> Backend:
     """The (cached) backend for ``device``; ``None`` means ``"cpu"``.
 
     Every spelling of one device gives the same object: ``"cpu"`` and ``"cpu:0"``
-    (there is one CPU), ``"strict"``, ``"strict:0"`` and ``"strict:00"``.
+    (there is one CPU: any index names it, as in PyTorch), ``"strict"``, ``"strict:0"``
+    and ``"strict:00"``. Anything but a name, a ``Backend`` or ``None`` raises
+    ``parse_device``'s ``TypeError``.
     """
     if isinstance(device, Backend) or (not isinstance(device, str) and device in _BACKENDS.values()):
         return device  # the second test: a backend whose class comes from another copy of Backend (a notebook's)
@@ -865,16 +867,20 @@ class Tensor:
 # copy, copy it — otherwise changing your NumPy array later would change the
 # tensor behind your back. Copy *only* then: a move to another device or a cast
 # already made a new array, and a second copy would double the memory and time
-# that converting a large tensor costs. Careful with step 1: `np.asarray` of a
-# list makes a new array, but of a `memoryview` (or another library's array) it
-# gives a *view* of the caller's memory — `array.base` is not `None` then — and
-# that view is still the caller's.
+# that converting a large tensor costs. Careful with step 1: `np.asarray` builds
+# a new array only from Python lists, tuples and numbers. Of anything else it
+# may hand back the caller's memory: a *view* of a `memoryview`, or the very
+# array an object returns from its `__array__` method (a pandas column, say —
+# `array.base` is `None` then, yet the object still holds that array). So only
+# an array built from a list, a tuple or a number counts as a copy.
 
 # %% export="tensor"
 def to_array(data: Any, dtype: Any = None, device: Any = None) -> tuple[Any, Backend]:
-    """A fresh array holding ``data`` on ``device`` (default: where it is) and its backend.
+    """A fresh array holding ``data`` on ``device`` and its backend.
 
-    ``device`` is a name (``"cuda:1"``) or a ``Backend`` object, as ``get_backend`` takes.
+    ``device`` is a name (``"cuda:1"``) or a ``Backend`` object, as ``get_backend`` takes;
+    ``None`` (the default) keeps the data where it is -- unlike ``get_backend(None)``,
+    which means the CPU: a tensor or an array of another device stays on that device.
     """
     ### BEGIN SOLUTION
     fresh = False  # whether `array` is a new array that no one else holds
@@ -884,7 +890,7 @@ def to_array(data: Any, dtype: Any = None, device: Any = None) -> tuple[Any, Bac
         source = backend_of_array(data)
         if source is None:
             array, source = np.asarray(data), get_backend("cpu")
-            fresh = array is not data and array.base is None  # a list's new array, not a view of a buffer
+            fresh = isinstance(data, (list, tuple, int, float))  # built by asarray; anything else may be the caller's
         else:
             array = data
         if array.dtype.kind not in "biuf":
@@ -966,9 +972,12 @@ print(x @ x, x.sum(axis=0), x.T, sep="\n")
 # a shape either as separate numbers or as one tuple, plus `dtype`, `device` and
 # `requires_grad`. Their given first line turns the shape into a tuple of whole
 # numbers >= 0 (or raises, naming the bad entry), so `shape` is `(2, 3)` for both
-# `zeros(2, 3)` and `zeros((2, 3))`; the given `_filled` does the rest of the
-# bookkeeping. Random numbers come from the device's backend, so
-# `tt.manual_seed(0)` makes them reproducible.
+# `zeros(2, 3)` and `zeros((2, 3))`, and `()` for `zeros()` (a 0-d tensor: one
+# number); the given `_filled` does the rest of the bookkeeping. Random numbers
+# come from the device's backend (`random_normal(shape, dtype)`), drawn in the
+# dtype asked for: float32 or float64, the backend refuses others. A float64
+# tensor drawn as float32 and cast would have only float32's precision. The
+# generator makes them reproducible: `tt.manual_seed(0)` repeats them.
 
 # %% export="tensor"
 def tensor(data: Any, requires_grad: bool = False, dtype: Any = None, device: Any = None) -> Tensor:

@@ -60,6 +60,8 @@ def test_get_backend_caches(student):
     assert strict in loaded and cpu in loaded and one in loaded, \
         f"loaded_backends(): expected the cpu, strict:0 and strict:1 backends among them, got {loaded}"
     expect_raises(ValueError, lambda: student.get_backend("tpu:0"), "get_backend('tpu:0')", mentions=("tpu",))
+    expect_raises(TypeError, lambda: student.get_backend(3), "get_backend(3) (not a name, a Backend or None)",
+                  mentions=("3",))
 
 
 @check(points=1, hint="float64 -> float32, any int/uint -> int64, everything else (float16/32, bool) unchanged")
@@ -109,7 +111,8 @@ def test_to_array_row_major(student):
 
 
 @check(points=1, hint="the array to_array returns never shares memory with the data: copy when no step copied, and "
-                      "only then (a move to another device already copies)")
+                      "only then (a move to another device already copies); np.asarray copies only lists, tuples "
+                      "and numbers")
 def test_to_array_copies(student):
     source = np.zeros(3, dtype=np.float32)
     array, _ = student.to_array(source)
@@ -127,6 +130,21 @@ def test_to_array_copies(student):
     tensor = student.Tensor(memoryview(source))  # np.asarray gives a view of source's memory
     source[0] = 5.0
     expect_equal(tensor.numpy(), np.ones(3, dtype=np.float32), "Tensor(memoryview(array)) after the array changed")
+
+    class Column:
+        """An object that hands out the array it keeps, as a pandas column does."""
+
+        def __init__(self):
+            self.values = np.ones(3, dtype=np.float32)
+
+        def __array__(self, dtype=None, copy=None):
+            return self.values
+
+    column = Column()
+    array, _ = student.to_array(column)
+    column.values[0] = 5.0
+    expect_equal(array, np.ones(3, dtype=np.float32),
+                 "to_array(an object whose __array__ returns the array it keeps) after that array changed")
     # a move between devices is a copy already: a second one would double the memory of a large tensor
     # a cast copies, and so does a move between devices: a second copy would double the memory of a large tensor
     big = np.ones((256, 512), dtype=np.float32)
@@ -170,6 +188,11 @@ def test_to_array_devices_and_errors(student):
         f"to_array(strict array, device=<cpu Backend>): expected a numpy array and the cpu backend, got " \
         f"{type(again).__name__} and {same!r}"
     expect_equal(back, np.array([1.0, 2.0], dtype=np.float32), "to_array(strict tensor, device='cpu')")
+    for what, data in (("a strict array", array), ("a strict tensor", student.Tensor([1.0], device="strict"))):
+        kept, where = student.to_array(data)
+        assert where is strict and strict.is_array(kept), (
+            f"to_array({what}) without a device keeps it where it is: expected a strict-device array and the strict "
+            f"backend, got {type(kept).__name__} and {where!r}")
     expect_raises(TypeError, lambda: student.to_array(["a", "b"]), "to_array(['a', 'b'])", mentions=("<U1",))
     expect_raises(TypeError, lambda: student.to_array(np.array(["a"])), "to_array(np.array(['a']))", mentions=("<U1",))
     expect_raises(TypeError, lambda: student.to_array(np.array([1 + 2j])), "to_array(np.array([1 + 2j]))",
@@ -208,6 +231,7 @@ def _expect_on_strict(student, factory: str, source: str) -> None:
 def test_zeros_ones(student):
     expect_equal(student.zeros(2, 3).shape, (2, 3), "zeros(2, 3).shape")
     expect_equal(student.zeros((2, 3)).shape, (2, 3), "zeros((2, 3)).shape")
+    expect_equal((student.zeros().shape, student.ones(()).shape), ((), ()), "(zeros().shape, ones(()).shape): 0-d")
     for what, got, expected in (("zeros(2, 3)", student.zeros(2, 3), np.zeros((2, 3), dtype=np.float32)),
                                 ("ones(4, dtype='float64')", student.ones(4, dtype="float64"), np.ones(4)),
                                 ("ones(2, dtype='int64')", student.ones(2, dtype="int64"), np.ones(2, dtype=np.int64)),
@@ -225,7 +249,7 @@ def test_zeros_ones(student):
 
 
 @check(points=2, hint="randn/rand draw from the backend's generator (random_normal/random_uniform with the shape and "
-                      "dtype): manual_seed repeats them")
+                      "dtype, float64 drawn as float64): manual_seed repeats them")
 def test_randn_rand(student):
     student.manual_seed(0)
     first = student.randn(3, 4)
@@ -237,6 +261,12 @@ def test_randn_rand(student):
         student.manual_seed(0)
         expect_equal(getattr(student, name)(3, 4).numpy(), expected, f"{name}(3, 4) after manual_seed(0): the draws "
                      f"of get_backend('cpu').{draw}((3, 4)) after the same seed")
+        student.manual_seed(0)
+        expected = getattr(student.get_backend("cpu"), draw)((3, 4), "float64")  # drawn in float64, not cast up
+        student.manual_seed(0)
+        expect_equal(getattr(student, name)(3, 4, dtype="float64").numpy(), expected,
+                     f"{name}(3, 4, dtype='float64') after manual_seed(0): the draws of get_backend('cpu')."
+                     f"{draw}((3, 4), 'float64') after the same seed")
     expect_equal((first.shape, first.dtype), ((3, 4), np.dtype("float32")), "randn(3, 4) (shape, dtype)")
     normal = student.randn(20_000, dtype="float64").numpy()
     expect_equal(normal.dtype, np.dtype("float64"), "randn(20000, dtype='float64').dtype")

@@ -50,7 +50,7 @@ def to_array(data, dtype=None, device=None):
             array = data
         else:
             array = np.asarray(data)
-            owned = array is not data and array.base is None  # a list became a new array; a memoryview, a view
+            owned = isinstance(data, (list, tuple, int, float))  # asarray built it; a memoryview or __array__ may share
             source = get_backend("cpu")
     if array.dtype.kind not in "biuf":
         raise TypeError(f"only bool, integer and float data can become a tensor, got dtype {array.dtype}")
