@@ -92,6 +92,8 @@ def test_to_plain_copies_tensors_and_device_arrays_to_the_host(device: str) -> N
         ({(1, 2): 3}, "keys"),
         ({"f": lambda: None}, "['f']"),
         ({"c": 1 + 2j}, "complex"),
+        ({"c": np.complex64(1j)}, "['c']"),  # its .item() is a complex: saved, it could not be read back
+        ({"t": np.datetime64("2026-01-01")}, "['t']"),
         ({"key": {np.int64(1): 2}}, "keys"),
     ],
 )

@@ -9,7 +9,9 @@ one must fail, saying what it expected and what it got.
 """
 from __future__ import annotations
 
+import functools
 import importlib.util
+import inspect
 import math
 import types
 from pathlib import Path
@@ -30,6 +32,7 @@ import tinytrain.nn.embedding as embedding
 import tinytrain.nn.layers as layers
 import tinytrain.nn.module as module
 import tinytrain.optim as optim
+import tinytrain.serialization as serialization
 import tinytrain.text as text
 import tinytrain.nn.losses as losses
 import tinytrain.nn.transformer as transformer
@@ -704,6 +707,99 @@ def test_an_early_stopping_that_stops_only_when_wait_equals_patience_loses_its_p
     graded.test_early_stopping(_student(callbacks))
     _fails(graded.test_early_stopping, _student(callbacks, EarlyStopping=_EarlyStoppingOnlyAtPatience),
            "already stopped", "expected (1, 4, 1), got (2, 5, 8)")
+
+
+# A student's third read of Module 10 (session 39): eight wrong variants earned 12/12. Each breaks a rule
+# the lesson or a docstring states (the last two sentences of to_plain's docstring are new; the reference
+# itself saved complex scalars that read_checkpoint then refused).
+
+def _module_10(**replaced: object) -> types.SimpleNamespace:
+    """Module 10's code, serialization and callbacks, as the ``student`` fixture, with ``replaced`` swapped in."""
+    return types.SimpleNamespace(**{**vars(serialization), **vars(callbacks), **replaced})
+
+
+def _to_plain_in_place(value, where="state"):
+    """Converts a dict's values where they are: the caller's state changes."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            value[key] = _to_plain_in_place(item, f"{where}[{key!r}]")
+        return value
+    return serialization.to_plain(value, where)
+
+
+def _to_plain_of_any_scalar(value, where="state"):
+    """Any NumPy scalar's .item(), complex and datetime included."""
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, dict) and all(type(key) in (str, int) for key in value):
+        return {key: _to_plain_of_any_scalar(item, f"{where}[{key!r}]") for key, item in value.items()}
+    return serialization.to_plain(value, where)
+
+
+class _UnpicklerTrustingNumpy(serialization.SafeUnpickler):
+    """Checks the module only: any name of an allowed module (numpy.save, numpy.load, ...) loads."""
+
+    def find_class(self, module, name):
+        if (module, name) not in self.allowed and module in {allowed for allowed, _ in self.allowed}:
+            return getattr(importlib.import_module(module), name)
+        return super().find_class(module, name)
+
+
+class _UnpicklerOfRawNumpy(serialization.SafeUnpickler):
+    """Allows the right names but returns NumPy's own functions, which build arrays of dtype object."""
+
+    def find_class(self, module, name):
+        super().find_class(module, name)  # refuses the names that are not allowed
+        return getattr(importlib.import_module(module), name)
+
+
+def _capture_by_kind():
+    """Keys the backends by their kind ("strict"), so strict:0 and strict:1 collide."""
+    state = serialization.capture_rng_state()
+    state["backends"] = {device.split(":")[0]: value for device, value in state["backends"].items()}
+    return state
+
+
+def _restore_without_gauss_next(state):
+    version, internal, _ = state["python"]
+    serialization.restore_rng_state({**state, "python": (version, internal, None)})
+
+
+class _PruneByEpochRange(callbacks.ModelCheckpoint):
+    """Keeps the epochs current - keep_last + 1 ... current, not the keep_last newest files."""
+
+    def _prune(self, current):
+        keep = set(range(current - self.keep_last + 1, current + 1))
+        for epoch in self.epoch_files():
+            if epoch <= current and epoch not in keep and not (self.every and epoch % self.every == 0):
+                (self.directory / self._name(epoch)).unlink(missing_ok=True)
+
+
+def _improves_from_none_even_for_nan(value, best, mode, min_delta=0.0, _improves=callbacks._improves):
+    """A student's own comparison: the first value is always the best, even nan (then nothing beats it)."""
+    return True if best is None else _improves(value, best, mode, min_delta)
+
+
+@pytest.mark.parametrize("check_name, replaced, expected", [
+    ("test_to_plain", {"to_plain": _to_plain_in_place}, "left as it was"),
+    ("test_to_plain", {"to_plain": _to_plain_of_any_scalar}, "not plain data"),
+    ("test_safe_unpickler", {"SafeUnpickler": _UnpicklerTrustingNumpy}, "'save']"),
+    ("test_safe_unpickler", {"SafeUnpickler": _UnpicklerOfRawNumpy}, "dtype object"),
+    ("test_rng_state_round_trip", {"capture_rng_state": _capture_by_kind}, "backend.device"),
+    ("test_rng_state_round_trip", {"restore_rng_state": _restore_without_gauss_next}, "gauss_next"),
+    ("test_model_checkpoint_keeps_the_right_files", {"ModelCheckpoint": _PruneByEpochRange}, "not epochs 29"),
+])
+def test_a_module_10_variant_that_breaks_its_docstring_loses_points(tmp_path, monkeypatch, check_name, replaced,
+                                                                   expected):
+    check = getattr(_graded("10_checkpoints"), check_name)
+    fixtures = {"tmp_path": tmp_path, "monkeypatch": monkeypatch}
+    _fails(functools.partial(check, **{name: fixtures[name] for name in inspect.signature(check).parameters
+                                       if name in fixtures}), _module_10(**replaced), expected)
+
+
+def test_an_early_stopping_whose_first_value_is_best_even_if_nan_loses_its_point(monkeypatch):
+    monkeypatch.setattr(callbacks, "_improves", _improves_from_none_even_for_nan)
+    _fails(_graded("10_checkpoints").test_early_stopping, _module_10(), "nan, 1.0, 0.9, 0.8")
 
 
 # -- Module 11 ----------------------------------------------------------------------------------

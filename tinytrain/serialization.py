@@ -44,7 +44,9 @@ def to_plain(value: Any, where: str = "state") -> Any:
     """``value`` as plain data: tensors and device arrays become NumPy arrays on the host,
     tuples become lists, NumPy scalars become Python values of exact types (``np.float64``
     and ``np.str_`` too, though they are subclasses of float and str: their pickle names
-    a NumPy class, which the loader refuses); ``True`` stays a bool.
+    a NumPy class, which the loader refuses); ``True`` stays a bool. A NumPy scalar
+    whose Python value is none of those (``np.complex128``, ``np.datetime64``) is
+    not plain data. Lists and dicts are new ones: ``value`` itself is left as it was.
 
     Raises :class:`CheckpointError` naming the path (``where``) of the first value
     that is none of: ``None``, bool, int, float, str, list, tuple, dict with str or
@@ -57,10 +59,10 @@ def to_plain(value: Any, where: str = "state") -> Any:
     """
     if isinstance(value, np.ndarray) and type(value) is not np.ndarray:
         value = np.asarray(value)  # np.memmap, np.matrix, masked arrays: their class could not be loaded back
+    if isinstance(value, np.generic):
+        value = value.item()  # a Python value: complex, bytes or a datetime is refused below
     if value is None or type(value) in (bool, int, float, str):  # exactly: np.float64 is a float subclass
         return value
-    if isinstance(value, np.generic):
-        return value.item()
     if isinstance(value, Tensor):
         return value._backend.to_host(value.data)
     if isinstance(value, np.ndarray):

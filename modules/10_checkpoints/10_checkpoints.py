@@ -83,9 +83,10 @@ def toy_model():
 # function the file names — `os.system` included. Loading a checkpoint someone
 # sent you must not be able to do that. So a checkpoint holds plain data only:
 # numbers, strings, lists, dicts (with string or integer keys) and NumPy arrays.
-# `to_plain` converts a state into that form, copying device arrays (and
-# tensors) to the host, and refuses anything else with the path where it was
-# found.
+# `to_plain` converts a state into that form, bringing device arrays and
+# tensors to the host (a copy from a GPU; on the CPU the array itself, since a
+# save pickles it at once), and refuses anything else with the path where it
+# was found.
 
 # %% export="serialization"
 """Checkpoint files: plain data, written atomically, read back without running code.
@@ -132,7 +133,9 @@ def to_plain(value: Any, where: str = "state") -> Any:
     """``value`` as plain data: tensors and device arrays become NumPy arrays on the host,
     tuples become lists, NumPy scalars become Python values of exact types (``np.float64``
     and ``np.str_`` too, though they are subclasses of float and str: their pickle names
-    a NumPy class, which the loader refuses); ``True`` stays a bool.
+    a NumPy class, which the loader refuses); ``True`` stays a bool. A NumPy scalar
+    whose Python value is none of those (``np.complex128``, ``np.datetime64``) is
+    not plain data. Lists and dicts are new ones: ``value`` itself is left as it was.
 
     Raises :class:`CheckpointError` naming the path (``where``) of the first value
     that is none of: ``None``, bool, int, float, str, list, tuple, dict with str or
@@ -146,10 +149,10 @@ def to_plain(value: Any, where: str = "state") -> Any:
     if isinstance(value, np.ndarray) and type(value) is not np.ndarray:
         value = np.asarray(value)  # np.memmap, np.matrix, masked arrays: their class could not be loaded back
     ### BEGIN SOLUTION
+    if isinstance(value, np.generic):
+        value = value.item()  # a Python value: complex, bytes or a datetime is refused below
     if value is None or type(value) in (bool, int, float, str):  # exactly: np.float64 is a float subclass
         return value
-    if isinstance(value, np.generic):
-        return value.item()
     if isinstance(value, Tensor):
         return value._backend.to_host(value.data)
     if isinstance(value, np.ndarray):
@@ -1117,7 +1120,7 @@ assert sorted(p.name for p in run_dir.glob("epoch-*")) == ["epoch-0003.pkl", "ep
 assert (run_dir / "best.pkl").exists() and checkpoints.best == min(trainer.history["eval_loss"])
 rows = (run_dir / "log.csv").read_text().splitlines()
 assert len(rows) == 8 and rows[0] == "epoch,step,lr,train_loss,eval_loss,eval_accuracy,grad_norm,seconds"
-patient = EarlyStopping(monitor="train_loss", patience=2, min_delta=1e9)  # nothing counts as an improvement
+patient = EarlyStopping(monitor="train_loss", patience=2, min_delta=1e9)  # only the first epoch improves (on None)
 trainer.fit(DataLoader(toy, batch_size=20), epochs=20, callbacks=[patient], progress=False)
 assert trainer.epoch == 10 and patient.stopped_epoch == 10, trainer.epoch
 print("callbacks OK")

@@ -44,6 +44,9 @@ def test_to_plain(student, monkeypatch):
              "nested": {0: [np.float32(0.5), None, "text"]}, "strict": tt.ones(3, device="strict"),
              "array": np.arange(3), "device_array": tt.tensor([1.0, 2.0], device="strict").data}
     plain = student.to_plain(state)
+    expect_equal((type(state["betas"]).__name__, type(state["w"]).__name__, type(state["nested"][0][0]).__name__),
+                 ("tuple", "Tensor", "float32"), "the types of the state's 'betas', 'w' and nested value after "
+                 "to_plain(state) (the state itself is left as it was)")
     shapes = {key: (type(plain[key]).__name__, np.shape(plain[key]))
               for key in ("w", "strict", "array", "device_array")}
     expect_equal(shapes, {"w": ("ndarray", (2, 2)), "strict": ("ndarray", (3,)), "array": ("ndarray", (3,)),
@@ -73,6 +76,9 @@ def test_to_plain(student, monkeypatch):
                   mentions=("['a']", "(1, 2)"))
     expect_raises(student.CheckpointError, lambda: student.to_plain({"a": {0.5: 1}}),
                   "to_plain({'a': {0.5: 1}}), a float dict key", mentions=("['a']", "0.5"))
+    for scalar in (np.complex128(1j), np.datetime64("2026-01-01")):
+        expect_raises(student.CheckpointError, lambda: student.to_plain({"c": scalar}),
+                      f"to_plain({{'c': {scalar!r}}}) (its .item() is not plain data)", mentions=("['c']",))
 
     import tinytrain.backend as registry
 
@@ -164,7 +170,8 @@ def test_safe_unpickler(student, tmp_path):
                   "read_checkpoint of a file that calls os.mkdir")
     assert not (tmp_path / "pwned").exists(), "read_checkpoint ran code from the file: the folder 'pwned' was made"
     for name, what in ((b"cbuiltins\neval\n", "eval"), (b"cos\nsystem\n", "system"),
-                       (b"cnumpy.testing._private.utils\nrunstring\n", "runstring")):  # NumPy has exec, too
+                       (b"cnumpy.testing._private.utils\nrunstring\n", "runstring"),  # NumPy has exec, too
+                       (b"cnumpy\nsave\n", "save")):  # an allowed module, a name not allowed
         expect_raises(student.CheckpointError, lambda: student.SafeUnpickler(io.BytesIO(b"\x80\x02" + name + b".")).load(),
                       f"SafeUnpickler of a pickle that names {name.decode().split()}", mentions=(what,))
     data = {"w": np.arange(6, dtype=np.float32).reshape(2, 3), "i": np.arange(3), "b": np.array([True, False]),
@@ -175,6 +182,9 @@ def test_safe_unpickler(student, tmp_path):
             expect_equal(loaded[key], data[key], f"array {key!r} through SafeUnpickler (protocol {protocol})")
             expect_equal(loaded[key].dtype, data[key].dtype, f"the dtype of array {key!r} (protocol {protocol})")
         expect_equal(loaded["n"], [1, 2.5, "x", None, {"k": (1, 2)}], f"plain data (protocol {protocol})")
+    objects = pickle.dumps(np.array([None, 1.5], dtype=object))
+    expect_raises(student.CheckpointError, lambda: student.SafeUnpickler(io.BytesIO(objects)).load(),
+                  "SafeUnpickler of an array of dtype object (self.allowed's versions refuse it)", mentions=("object",))
 
 
 @check(points=1, hint="capture_rng_state must save Python's random, NumPy's global generator and every loaded "
@@ -185,9 +195,13 @@ def test_rng_state_round_trip(student, tmp_path):
     tt.manual_seed(1)
     tt.randn(3, device="strict")  # the strict backend is loaded, so its generator counts too
     np.random.standard_normal()  # NumPy's global generator holds a cached Gaussian now
-    student.write_checkpoint(tmp_path / "rng.ckpt", {"rng": student.capture_rng_state()})
+    random.gauss(0.0, 1.0)  # and Python's its gauss_next
+    captured = student.capture_rng_state()
+    expect_equal(sorted(captured["backends"]), sorted({"cpu", "strict:0"} | set(captured["backends"])),
+                 "the device names capture_rng_state saves the backends under (backend.device)")
+    student.write_checkpoint(tmp_path / "rng.ckpt", {"rng": captured})
     expected = (random.random(), np.random.standard_normal(), np.random.rand(), tt.randn(4).numpy(),
-                tt.randn(4, device="strict").numpy())
+                tt.randn(4, device="strict").numpy(), random.gauss(0.0, 1.0))
     tt.manual_seed(123)  # scramble everything
     random.random(), np.random.rand()
     state = student.read_checkpoint(tmp_path / "rng.ckpt")["rng"]
@@ -198,7 +212,8 @@ def test_rng_state_round_trip(student, tmp_path):
                              f"TypeError: {error} (the file holds lists where random.getstate() gave tuples: "
                              f"{type(state['python']).__name__} {type(state['python'][1]).__name__})") from None
     again = (random.random(), np.random.standard_normal(), np.random.rand(), tt.randn(4).numpy(),
-             tt.randn(4, device="strict").numpy())
+             tt.randn(4, device="strict").numpy(), random.gauss(0.0, 1.0))
+    expect_equal(again[5], expected[5], "Python's random.gauss() after restoring (its gauss_next too)")
     expect_equal(again[0], expected[0], "Python's random.random() after restoring")
     expect_equal(again[1:3], expected[1:3], "NumPy's global generator after restoring")
     expect_equal(again[3], expected[3], "tt.randn(4) (the CPU's generator) after restoring")
@@ -324,6 +339,12 @@ def test_model_checkpoint_keeps_the_right_files(student, tmp_path):
         expect_equal(sorted(callback.epoch_files()), expected + [9],
                      f"the epoch files left after epochs 1-7 with keep_last={keep_last}, every={every} "
                      f"(and a file of epoch 9 from an earlier run)")
+    spaced = student.ModelCheckpoint(tmp_path / "spaced", keep_last=2)  # files every 10 epochs (or steps)
+    spaced.on_fit_begin(fake_trainer(0))
+    for epoch in (10, 20, 30):
+        spaced.on_checkpoint(fake_trainer(epoch), {})
+    expect_equal(sorted(spaced.epoch_files()), [20, 30], "the files left after epochs 10, 20, 30 with keep_last=2 "
+                                                         "(the two newest files, not epochs 29 and 30)")
 
 
 def run_early_stopping(callback, values, monitor="eval_loss", model=None):
@@ -359,6 +380,10 @@ def test_early_stopping(student):
     trainer = run_early_stopping(accuracy, [0.5, 0.6, 0.7, 0.8], "eval_accuracy")
     expect_equal((trainer.epoch, accuracy.stopped_epoch), (4, None),
                  "EarlyStopping(monitor='eval_accuracy', patience=1) on rising accuracies: (epochs run, stopped_epoch)")
+    late = student.EarlyStopping(patience=2)  # _improves: a nan never improves, even on best = None
+    trainer = run_early_stopping(late, [float("nan"), 1.0, 0.9, 0.8])
+    expect_equal((trainer.epoch, late.best, late.best_epoch), (4, 0.8, 4),
+                 "EarlyStopping(patience=2) on eval_loss nan, 1.0, 0.9, 0.8: (epochs run, best, best_epoch)")
     demanding = student.EarlyStopping(patience=2, min_delta=0.15)  # only drops of more than 0.15 count
     trainer = run_early_stopping(demanding, [1.0, 0.8, 0.7, 0.66])
     expect_equal((trainer.epoch, demanding.best), (4, 0.8),
