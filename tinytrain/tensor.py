@@ -35,7 +35,13 @@ def tensor_dtype(dtype: Any) -> np.dtype:
 
 
 def default_dtype(dtype: np.dtype) -> np.dtype:
-    """The dtype a tensor gets for data of ``dtype`` when none is asked for."""
+    """The dtype a tensor gets for data of ``dtype`` when none is asked for.
+
+    float64 becomes the default float (float32); every integer dtype, signed or
+    unsigned, becomes int64 (a uint64 value above ``2**63 - 1`` wraps around in
+    the cast, as NumPy's ``astype`` does); every other dtype (bool, float16,
+    float32, longdouble) stays as it is.
+    """
     if dtype == float64:
         return DEFAULT_FLOAT
     if dtype.kind in "iu":

@@ -480,7 +480,13 @@ def tensor_dtype(dtype: Any) -> np.dtype:
 
 
 def default_dtype(dtype: np.dtype) -> np.dtype:
-    """The dtype a tensor gets for data of ``dtype`` when none is asked for."""
+    """The dtype a tensor gets for data of ``dtype`` when none is asked for.
+
+    float64 becomes the default float (float32); every integer dtype, signed or
+    unsigned, becomes int64 (a uint64 value above ``2**63 - 1`` wraps around in
+    the cast, as NumPy's ``astype`` does); every other dtype (bool, float16,
+    float32, longdouble) stays as it is.
+    """
     ### BEGIN SOLUTION
     if dtype == float64:
         return DEFAULT_FLOAT
@@ -857,9 +863,10 @@ class Tensor:
 #    the dtype as NumPy prints it (`<U1` for strings).
 # 2. **Move it** if `device` names another backend (not the one it is on):
 #    `target.from_host(source.to_host(array))`.
-# 3. **Cast it** to `dtype` when one is given (a tensor's too), else to
-#    `default_dtype(...)` of the data's dtype (a tensor keeps its own), and row-major:
-#    `astype(..., order="C")`. A transposed array (`x.T`) is stored
+# 3. **Cast it** to `dtype` when one is given, whatever the data (a tensor
+#    too). With no `dtype`, a tensor keeps its own dtype and anything else gets
+#    `default_dtype(...)` of its array's dtype. Either way the result is
+#    row-major: `astype(..., order="C")`. A transposed array (`x.T`) is stored
 #    column-major, and arithmetic that mixes the two orders is several times
 #    slower (see `memory_order` above), so every new tensor starts row-major.
 #
