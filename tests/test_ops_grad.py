@@ -384,6 +384,7 @@ INDICES = [
     ("ellipsis_int", lambda d: ((Ellipsis, 1),) * 2),
     ("mixed", lambda d: ((1, None, slice(0, 2)),) * 2),
     ("list_repeated", lambda d: ([0, 2, 0], [0, 2, 0])),
+    ("empty_list", lambda d: ([], [])),  # NumPy's asarray([]) is float64, which no index may be
     ("ndarray_2d", lambda d: (np.array([[0, 1], [3, 3]]),) * 2),
     ("tensor_repeated", lambda d: (tt.tensor([3, 0, 3], device=d), np.array([3, 0, 3]))),
     ("advanced_pair", lambda d: (([0, 1, 1], [2, 2, 0]),) * 2),

@@ -163,6 +163,20 @@ def test_item_returns_python_scalar(device, data, expected, kind):
     assert type(value) is kind and value == expected
 
 
+def test_numpy_asarray_of_a_cpu_tensor_is_its_array_and_a_device_tensor_refuses(device, canonical_device):
+    t = tt.tensor([[1.0, 2.0], [3.0, 4.0]], device=device)
+    if canonical_device != "cpu":  # like CuPy's arrays: the copy to the host is t.numpy(), never implicit
+        with pytest.raises(TypeError, match=re.escape(f"a tensor on '{canonical_device}' is not converted to NumPy "
+                                                      "implicitly; use t.numpy()")):
+            np.asarray(t)
+        return
+    assert np.asarray(t) is t.data  # shares memory, as np.asarray of a torch tensor does
+    assert np.asarray(t, dtype=np.float64).dtype == np.float64
+    assert np.array(t) is not t.data
+    np.testing.assert_array_equal(np.stack([t, t]), [t.numpy(), t.numpy()])  # numbers, not an object array
+    assert_values(tt.tensor([tt.tensor(1.0), tt.tensor(2.0)]), [1.0, 2.0])
+
+
 def test_item_on_non_scalar_names_shape(device):
     with pytest.raises((ValueError, RuntimeError)) as info:
         tt.zeros(2, 3, device=device).item()
@@ -484,6 +498,72 @@ def test_integer_arithmetic_stays_integer(device):
     assert_values(a * 2 + a, [3, 6, 9])
 
 
+# What PyTorch gives where kinds of dtype mix (bool < integer < float): the higher kind's dtype.
+# NumPy alone made the float cases float64 (and `ids * np.float32(2.5)` int64, `mask * 3` True).
+MIXED_KIND_OPS = [
+    ("float32 * int64 mask", lambda f, i, b: f * i, "float32", [0.5, 0.0, 4.0]),
+    ("int64 mask * float32", lambda f, i, b: i * f, "float32", [0.5, 0.0, 4.0]),
+    ("float16 + int64", lambda f, i, b: f.astype("float16") + i, "float16", [1.5, 1.0, 4.0]),
+    ("float32 - bool", lambda f, i, b: f - b, "float32", [-0.5, 1.0, 1.0]),
+    ("int64 * 0.5", lambda f, i, b: i * 0.5, "float32", [0.5, 0.0, 1.0]),
+    ("0.5 * int64", lambda f, i, b: 0.5 * i, "float32", [0.5, 0.0, 1.0]),
+    ("int64 * np.float32(2.5)", lambda f, i, b: i * np.float32(2.5), "float32", [2.5, 0.0, 5.0]),
+    ("int64 / int64", lambda f, i, b: i / (i + 1), "float32", [0.5, 0.0, 2 / 3]),
+    ("int64 / 4", lambda f, i, b: i / 4, "float32", [0.25, 0.0, 0.5]),
+    ("1 / (int64 + 1)", lambda f, i, b: 1 / (i + 1), "float32", [0.5, 1.0, 1 / 3]),
+    ("int64 ** 0.5", lambda f, i, b: i**0.5, "float32", [1.0, 0.0, 2**0.5]),
+    ("int64 ** 2", lambda f, i, b: i**2, "int64", [1, 0, 4]),
+    ("bool * 3", lambda f, i, b: b * 3, "int64", [3, 0, 3]),
+    ("bool + 1", lambda f, i, b: b + 1, "int64", [2, 1, 2]),
+    ("bool * int64", lambda f, i, b: b * i, "int64", [1, 0, 2]),
+    ("bool * 2.5", lambda f, i, b: b * 2.5, "float32", [2.5, 0.0, 2.5]),
+    ("float32 @ int64", lambda f, i, b: f @ i, "float32", 4.5),
+    ("int64.exp()", lambda f, i, b: i.exp(), "float32", np.exp([1.0, 0.0, 2.0])),
+    ("int64.sqrt()", lambda f, i, b: i.sqrt(), "float32", [1.0, 0.0, 2**0.5]),
+    ("int64.sigmoid()", lambda f, i, b: i.sigmoid(), "float32", 1 / (1 + np.exp([-1.0, 0.0, -2.0]))),
+    ("int64.softmax()", lambda f, i, b: i.softmax(), "float32", np.exp([1.0, 0.0, 2.0]) / np.exp([1.0, 0.0, 2.0]).sum()),
+    ("bool.mean()", lambda f, i, b: b.mean(), "float32", 2 / 3),
+    ("int64.mean()", lambda f, i, b: i.mean(), "float32", 1.0),
+    ("float32 * float64", lambda f, i, b: f * f.astype("float64"), "float64", [0.25, 1.0, 4.0]),
+    ("stack(float32, int64)", lambda f, i, b: tt.stack([f, i]), "float32", [[0.5, 1.0, 2.0], [1.0, 0.0, 2.0]]),
+    ("concatenate(bool, int64)", lambda f, i, b: tt.concatenate([b, i]), "int64", [1, 0, 1, 1, 0, 2]),
+    ("where(bool, int64, 0.5)", lambda f, i, b: tt.where(b, i, 0.5), "float32", [1.0, 0.5, 2.0]),
+]
+
+
+@pytest.mark.parametrize("name, op, dtype, expected", MIXED_KIND_OPS, ids=[row[0] for row in MIXED_KIND_OPS])
+def test_mixing_kinds_of_dtype_gives_the_higher_kind_as_pytorch_does(device, name, op, dtype, expected):
+    f = tt.tensor([0.5, 1.0, 2.0], device=device)
+    i = tt.tensor([1, 0, 2], device=device)
+    b = tt.tensor([True, False, True], device=device)
+    out = op(f, i, b)
+    assert out.dtype == np.dtype(dtype), f"{name}: expected {dtype}, got {out.dtype}"
+    assert_values(out, np.asarray(expected, dtype=dtype), rtol=1e-3 if dtype == "float16" else 1e-6)
+
+
+def test_a_float32_gradient_through_an_integer_mask_stays_float32(device):
+    x = tt.tensor([1.0, -2.0, 3.0], requires_grad=True, device=device)
+    mask = tt.tensor([1, 0, 1], device=device)
+    loss = (x * mask).sum() / mask.sum()
+    assert loss.dtype == np.float32
+    loss.backward()
+    assert x.grad.dtype == np.float32
+    assert_values(x.grad, [0.5, 0.0, 0.5])
+
+
+def test_comparing_with_a_float_scalar_does_not_truncate_it(device):
+    t = tt.tensor([2, 3], device=device)
+    np.testing.assert_array_equal((t > np.float32(2.5)).numpy(), [False, True])
+    np.testing.assert_array_equal((t < 2.5).numpy(), [True, False])
+
+
+def test_equality_with_none_is_false_as_in_pytorch(device):
+    t = tt.tensor([1.0, 2.0], device=device)
+    assert (t == None) is False  # noqa: E711  (the operator is what is tested)
+    assert (t != None) is True  # noqa: E711
+    assert t not in [None]
+
+
 COMPARISONS = [operator.lt, operator.le, operator.gt, operator.ge, operator.eq, operator.ne]
 
 
@@ -526,6 +606,29 @@ def test_reductions_keep_float32(device, name):
 def test_unary_methods_keep_float32(device, name):
     t = tt.tensor([0.5, 1.0, 2.0], device=device)
     assert getattr(t, name)().dtype == np.float32
+
+
+def test_softmax_takes_one_axis_and_refuses_a_tuple(device):
+    t = tt.tensor([[1.0, 2.0], [3.0, 5.0]], device=device)
+    for name in ("softmax", "log_softmax"):
+        with pytest.raises(TypeError, match=re.escape("axis must be one int, got axis=(0, 1)")):
+            getattr(t, name)((0, 1))  # it used to normalise over axis 0 alone
+        with pytest.raises(ValueError, match="axis 2 is out of range for a tensor with 2 dimensions"):
+            getattr(t, name)(2)
+    e = np.exp([[1.0, 2.0], [3.0, 5.0]])
+    assert_values(t.softmax(np.int64(0)), e / e.sum(axis=0))  # a NumPy integer is one axis too
+
+
+@pytest.mark.parametrize("name", ["sum", "mean", "max"])
+@pytest.mark.parametrize("axis", [0, -1, (0,)])
+def test_a_0d_tensor_reduces_over_axis_0_or_minus_1_as_in_pytorch(device, name, axis):
+    x = tt.tensor(3.0, requires_grad=True, device=device)
+    out = getattr(x, name)(axis=axis)
+    assert out.shape == () and out.item() == 3.0
+    out.backward()
+    assert_values(x.grad, 1.0)
+    with pytest.raises(ValueError, match="axis 1 is out of range for a tensor with 0 dimensions"):
+        getattr(x, name)(axis=1)
 
 
 # -- shape manipulation values -------------------------------------------------------------

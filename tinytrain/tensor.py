@@ -61,14 +61,50 @@ def _shape_arg(shape: tuple, name: str = "shape", minimum: int | None = 0) -> Sh
 
 
 def _axes_arg(axis: int | Sequence[int] | None, ndim: int) -> tuple[int, ...] | None:
-    """Normalise an axis argument to a tuple of non-negative axes (or ``None``)."""
+    """Normalise an axis argument to a tuple of non-negative axes (or ``None``).
+
+    A 0-d tensor takes axis 0 or -1, as in PyTorch, and reduces over nothing (``()``).
+    """
     if axis is None:
         return None
     axes = (axis,) if isinstance(axis, int) else tuple(axis)
     for ax in axes:
-        if not -ndim <= ax < max(ndim, 1):
+        if not -max(ndim, 1) <= ax < max(ndim, 1):
             raise ValueError(f"axis {ax} is out of range for a tensor with {ndim} dimensions")
-    return tuple(ax % ndim if ndim else 0 for ax in axes)
+    return tuple(ax % ndim for ax in axes) if ndim else ()
+
+
+def _axis_arg(axis: int, ndim: int) -> int:
+    """One axis (softmax's), as a non-negative int; a tuple raises ``TypeError`` instead of using its first."""
+    if not isinstance(axis, (int, np.integer)):
+        raise TypeError(f"axis must be one int, got axis={axis!r}")
+    if not -ndim <= axis < ndim:
+        raise ValueError(f"axis {axis} is out of range for a tensor with {ndim} dimensions")
+    return int(axis) % ndim
+
+
+# Kinds of dtype, lowest first: an operation mixing kinds computes in the highest one.
+_KIND_RANK = {"b": 0, "u": 1, "i": 1, "f": 2}
+
+
+def _promoted(tensors: Sequence["Tensor"], true_division: bool = False) -> list["Tensor"]:
+    """``tensors`` cast so that an operation on them gets PyTorch's result dtype, not NumPy's.
+
+    Kinds rank bool < integer < float. Tensors of a lower kind than the highest
+    present are cast to the dtype NumPy gives those of the highest kind: an int64
+    mask times a float32 activation is float32 (NumPy makes it float64, and so
+    every layer after it), a bool tensor times an int64 one is int64. Tensors of
+    one kind are left to NumPy (float32 with float64 gives float64). With
+    ``true_division``, integers and booleans divide as ``DEFAULT_FLOAT``: ``1 / 2`` is 0.5.
+    """
+    ranks = [_KIND_RANK[t.dtype.kind] for t in tensors]
+    top = max(ranks)
+    if true_division and top < _KIND_RANK["f"]:
+        return [t.astype(DEFAULT_FLOAT) for t in tensors]
+    if min(ranks) == top:
+        return list(tensors)
+    target = np.result_type(*[t.dtype for t, rank in zip(tensors, ranks) if rank == top])
+    return [t if rank == top else t.astype(target) for t, rank in zip(tensors, ranks)]
 
 
 _constants: dict = {}
@@ -169,6 +205,15 @@ class Tensor:
         """A NumPy copy of the values (copied from the device if needed)."""
         return np.array(self._backend.to_host(self.data), copy=True)
 
+    def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray:
+        """``np.asarray(t)``: a CPU tensor's array itself, as in PyTorch (a copy where
+        ``dtype`` or ``copy=True`` asks for one). A tensor on another device refuses, as
+        a CuPy array does: the copy to the host is ``t.numpy()``, never implicit."""
+        if self.device != "cpu":
+            raise TypeError(f"a tensor on {self.device!r} is not converted to NumPy implicitly; "
+                            "use t.numpy() (a copy on the host)")
+        return np.array(self.data, dtype=dtype, copy=copy)
+
     def item(self) -> int | float | bool:
         """The single value of a one-element tensor as a Python number."""
         if self.size != 1:
@@ -204,7 +249,13 @@ class Tensor:
 
     # -- operators -----------------------------------------------------------------
     def _operand(self, other: Any) -> "Tensor":
-        """``other`` as a tensor on this device (numbers take this tensor's dtype)."""
+        """``other`` as a tensor on this device.
+
+        A number takes this tensor's dtype where its kind fits in it, as in PyTorch:
+        ``x * 2`` stays float32 and ``x * np.float64(2)`` too. A float with an integer
+        or bool tensor is ``DEFAULT_FLOAT`` (``ids * 0.5`` must not truncate 0.5 to 0),
+        an int with a bool tensor int64 (``mask * 3`` is 3, not True).
+        """
         if isinstance(other, Tensor):
             if other._backend is not self._backend:
                 raise RuntimeError(
@@ -212,52 +263,72 @@ class Tensor:
                     "move one with .to(device)"
                 )
             return other
-        if isinstance(other, (int, float, bool, np.number)):
-            dtype = self.dtype if self.dtype.kind == "f" or not isinstance(other, float) else DEFAULT_FLOAT
-            return _constant(other, dtype, self._backend)
+        if isinstance(other, (bool, np.bool_)):
+            return _constant(other, self.dtype, self._backend)
+        if isinstance(other, (int, np.integer)):
+            return _constant(other, self.dtype if self.dtype.kind != "b" else int64, self._backend)
+        if isinstance(other, (float, np.floating)):
+            return _constant(other, self.dtype if self.dtype.kind == "f" else DEFAULT_FLOAT, self._backend)
         return Tensor(other, device=self._backend)
 
+    def _operands(self, other: Any, true_division: bool = False) -> Sequence["Tensor"]:
+        """``(self, other)`` for an arithmetic operator: ``other`` made an operand and
+        both cast by ``_promoted`` where their kinds differ."""
+        dtype = self.data.dtype
+        if dtype.kind == "f":  # the common cases first: every operator pays for this test
+            if type(other) is float:
+                return self, _constant(other, dtype, self._backend)
+            other = self._operand(other)
+            if other.data.dtype.kind == "f":
+                return self, other
+        else:
+            other = self._operand(other)
+        return _promoted([self, other], true_division)
+
     def __add__(self, other: Any) -> "Tensor":
-        return ops.Add.apply(self, self._operand(other))
+        return ops.Add.apply(*self._operands(other))
 
     def __radd__(self, other: Any) -> "Tensor":
-        return ops.Add.apply(self._operand(other), self)
+        return ops.Add.apply(*reversed(self._operands(other)))
 
     def __sub__(self, other: Any) -> "Tensor":
-        return ops.Sub.apply(self, self._operand(other))
+        return ops.Sub.apply(*self._operands(other))
 
     def __rsub__(self, other: Any) -> "Tensor":
-        return ops.Sub.apply(self._operand(other), self)
+        return ops.Sub.apply(*reversed(self._operands(other)))
 
     def __mul__(self, other: Any) -> "Tensor":
-        return ops.Mul.apply(self, self._operand(other))
+        return ops.Mul.apply(*self._operands(other))
 
     def __rmul__(self, other: Any) -> "Tensor":
-        return ops.Mul.apply(self._operand(other), self)
+        return ops.Mul.apply(*reversed(self._operands(other)))
 
     def __truediv__(self, other: Any) -> "Tensor":
-        return ops.Div.apply(self, self._operand(other))
+        return ops.Div.apply(*self._operands(other, true_division=True))
 
     def __rtruediv__(self, other: Any) -> "Tensor":
-        return ops.Div.apply(self._operand(other), self)
+        return ops.Div.apply(*reversed(self._operands(other, true_division=True)))
 
     def __pow__(self, exponent: Any) -> "Tensor":
-        return ops.Pow.apply(self, self._operand(exponent))
+        return ops.Pow.apply(*self._operands(exponent))
 
     def __rpow__(self, base: Any) -> "Tensor":
-        return ops.Pow.apply(self._operand(base), self)
+        return ops.Pow.apply(*reversed(self._operands(base)))
 
     def __matmul__(self, other: Any) -> "Tensor":
-        return ops.MatMul.apply(self, self._operand(other))
+        return ops.MatMul.apply(*self._operands(other))
 
     def __rmatmul__(self, other: Any) -> "Tensor":
-        return ops.MatMul.apply(self._operand(other), self)
+        return ops.MatMul.apply(*reversed(self._operands(other)))
 
     def __neg__(self) -> "Tensor":
         return ops.Neg.apply(self)
 
-    # Comparisons give boolean tensors and are not differentiable.
+    # Comparisons give boolean tensors and are not differentiable. ``t == None`` is
+    # False, as in PyTorch (NotImplemented lets Python compare by identity).
     def _compare(self, other: Any, compare: Any) -> "Tensor":
+        if other is None:
+            return NotImplemented
         return Tensor._make(compare(self.data, self._operand(other).data), self._backend)
 
     def __lt__(self, other: Any) -> "Tensor":
@@ -294,8 +365,8 @@ class Tensor:
             return tuple(self._index(part) for part in index)
         if isinstance(index, Tensor):
             return index.data
-        if isinstance(index, list):
-            return self._backend.asarray(index)
+        if isinstance(index, list):  # [] would be a float64 array, which NumPy refuses as an index
+            return self._backend.asarray(index) if index else self._backend.asarray(index, dtype=int64)
         if isinstance(index, np.ndarray):  # a host index array is copied to the device, as CuPy does
             return self._backend.from_host(index)
         return index
@@ -326,7 +397,7 @@ class Tensor:
         return ops.Sum.apply(self, axis=_axes_arg(axis, self.ndim), keepdims=keepdims)
 
     def mean(self, axis: Any = None, keepdims: bool = False) -> "Tensor":
-        return ops.Mean.apply(self, axis=_axes_arg(axis, self.ndim), keepdims=keepdims)
+        return ops.Mean.apply(self._floating(), axis=_axes_arg(axis, self.ndim), keepdims=keepdims)
 
     def max(self, axis: Any = None, keepdims: bool = False) -> "Tensor":
         """Largest values; tied maxima share the gradient equally."""
@@ -340,20 +411,25 @@ class Tensor:
         return Tensor._make(self._backend.xp.argmax(self.data, axis=axis, keepdims=keepdims), self._backend)
 
     # -- elementwise functions -----------------------------------------------------------
+    def _floating(self) -> "Tensor":
+        """Itself, or a ``DEFAULT_FLOAT`` copy of an integer or bool tensor: ``exp``, ``mean``
+        and the like of integers are float32, as in PyTorch (NumPy makes them float64)."""
+        return self if self.data.dtype.kind == "f" else self.astype(DEFAULT_FLOAT)
+
     def exp(self) -> "Tensor":
-        return ops.Exp.apply(self)
+        return ops.Exp.apply(self._floating())
 
     def log(self) -> "Tensor":
-        return ops.Log.apply(self)
+        return ops.Log.apply(self._floating())
 
     def sqrt(self) -> "Tensor":
-        return ops.Sqrt.apply(self)
+        return ops.Sqrt.apply(self._floating())
 
     def tanh(self) -> "Tensor":
-        return ops.Tanh.apply(self)
+        return ops.Tanh.apply(self._floating())
 
     def sigmoid(self) -> "Tensor":
-        return ops.Sigmoid.apply(self)
+        return ops.Sigmoid.apply(self._floating())
 
     def relu(self) -> "Tensor":
         return ops.ReLU.apply(self)
@@ -365,10 +441,10 @@ class Tensor:
         return ops.Clip.apply(self, low=min, high=max)
 
     def softmax(self, axis: int = -1) -> "Tensor":
-        return ops.Softmax.apply(self, axis=_axes_arg(axis, self.ndim)[0])
+        return ops.Softmax.apply(self._floating(), axis=_axis_arg(axis, self.ndim))
 
     def log_softmax(self, axis: int = -1) -> "Tensor":
-        return ops.LogSoftmax.apply(self, axis=_axes_arg(axis, self.ndim)[0])
+        return ops.LogSoftmax.apply(self._floating(), axis=_axis_arg(axis, self.ndim))
 
 
 def to_array(data: Any, dtype: Any = None, device: Any = None) -> tuple[Any, Backend]:
@@ -451,23 +527,27 @@ def _some_tensors(function: str, tensors: Sequence[Tensor]) -> list[Tensor]:
     return tensors
 
 
+def _some_operands(function: str, tensors: Sequence[Tensor]) -> list[Tensor]:
+    """``tensors`` (not empty) as operands on the first one's device, cast by ``_promoted``."""
+    first, *rest = _some_tensors(function, tensors)
+    return _promoted([first, *(first._operand(t) for t in rest)])
+
+
 def stack(tensors: Sequence[Tensor], axis: int = 0) -> Tensor:
     """Join same-shaped tensors along a new axis."""
-    first, *rest = _some_tensors("stack", tensors)
-    return ops.Stack.apply(first, *(first._operand(t) for t in rest), axis=axis)
+    return ops.Stack.apply(*_some_operands("stack", tensors), axis=axis)
 
 
 def concatenate(tensors: Sequence[Tensor], axis: int = 0) -> Tensor:
     """Join tensors along an existing axis."""
-    first, *rest = _some_tensors("concatenate", tensors)
-    return ops.Concatenate.apply(first, *(first._operand(t) for t in rest), axis=axis)
+    return ops.Concatenate.apply(*_some_operands("concatenate", tensors), axis=axis)
 
 
 def where(condition: Any, a: Any, b: Any) -> Tensor:
     """Elementwise ``a if condition else b``; gradients flow to ``a`` and ``b``."""
     anchor = a if isinstance(a, Tensor) else b if isinstance(b, Tensor) else Tensor(a)
     condition = anchor._operand(condition).data.astype(bool, copy=False)
-    a, b = anchor._operand(a), anchor._operand(b)
+    a, b = _promoted([anchor._operand(a), anchor._operand(b)])
     try:
         return ops.Where.apply(a, b, condition=condition)
     except ValueError as error:  # Where's own message names a and b only: the condition is a parameter

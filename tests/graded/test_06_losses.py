@@ -271,8 +271,8 @@ def _expect_twice_the_gradient(loss_fn, x, t, gradient, rtol):
 
 def _expect_the_inputs_dtype(loss_fn, x):
     """A float32 input gives a float32 loss, whatever the target's dtype, and a float32 gradient."""
-    for target in ((x > 0.5).astype(np.int64), np.zeros(x.shape)):
-        loss = loss_fn(tt.tensor(x), tt.tensor(target))
+    for target in (tt.tensor((x > 0.5).astype(np.int64)), tt.tensor(np.zeros(x.shape), dtype="float64")):
+        loss = loss_fn(tt.tensor(x), target)
         expect_equal(loss.dtype, np.dtype(np.float32), f"the dtype of {loss_fn.__name__} of float32 input and a target "
                      f"of dtype {target.dtype} (cast the target to the input's dtype)")
     t = (x > 0.5).astype(np.float32)
