@@ -528,6 +528,42 @@ def test_no_grad_results_do_not_require_grad(device):
     assert (x * 2).requires_grad is True, "grad mode must come back after the block"
 
 
+def test_no_grad_works_as_a_decorator_with_or_without_parentheses(device):
+    x = leaf([1.0, 2.0], device)
+
+    @tt.no_grad
+    def bare(t):
+        return t * 2
+
+    @tt.no_grad()
+    def called(t):
+        return t * 2
+
+    for double in (bare, called):
+        assert double(x).requires_grad is False
+        assert_values = double(x).numpy()
+        np.testing.assert_array_equal(assert_values, [2.0, 4.0])
+    assert tt.is_grad_enabled() and (x * 2).requires_grad
+
+
+def test_a_decorated_function_calling_itself_turns_recording_back_on():
+    """One shared instance remembered only the innermost previous state: recording stayed off."""
+
+    @tt.no_grad()
+    def depth(n):
+        assert not tt.is_grad_enabled()
+        return depth(n - 1) + 1 if n else 0
+
+    assert depth(3) == 3
+    assert tt.is_grad_enabled()
+    shared = tt.no_grad()
+    with shared:
+        with shared:
+            pass
+        assert not tt.is_grad_enabled()
+    assert tt.is_grad_enabled()
+
+
 def test_no_grad_builds_no_graph(device):
     """A result made under no_grad is a constant afterwards: using it adds no path to x."""
     x = leaf([1.0, 2.0], device)

@@ -103,16 +103,28 @@ def is_grad_enabled() -> bool:
 
 
 class no_grad(contextlib.ContextDecorator):
-    """Context manager (and decorator) that stops recording the graph."""
+    """Context manager (and decorator) that stops recording the graph.
+
+    ``with no_grad():``, ``@no_grad()`` and, as in PyTorch, ``@no_grad``. One
+    instance may be entered again before it exits (a decorated function that
+    calls itself), so it keeps a stack of the states to restore, not one.
+    """
+
+    def __new__(cls, function: Callable[..., Any] | None = None) -> Any:
+        if function is not None:  # used as @no_grad, without the parentheses
+            return cls()(function)
+        instance = super().__new__(cls)
+        instance._previous = []
+        return instance
 
     def __enter__(self) -> None:
         global _grad_enabled
-        self._previous = _grad_enabled
+        self._previous.append(_grad_enabled)
         _grad_enabled = False
 
     def __exit__(self, *exc_info: Any) -> None:
         global _grad_enabled
-        _grad_enabled = self._previous
+        _grad_enabled = self._previous.pop()
 
 
 class Function:
