@@ -654,7 +654,8 @@ def everything_of(trainer: tt.Trainer) -> dict:
     draws = (random.random(), np.random.rand(), tt.randn(2).numpy().tolist())
     restore_rng_state(state)
     return {"model": {name: t.numpy().tolist() for name, t in trainer.model.state_dict().items()},
-            "optimizer": repr(trainer.optimizer.state_dict()), "scheduler": repr(trainer.scheduler.state_dict()),
+            "optimizer": repr(trainer.optimizer.state_dict()),
+            "scheduler": trainer.scheduler and repr(trainer.scheduler.state_dict()),
             "counters": (trainer.epoch, trainer.step, trainer.skipped_steps), "history": repr(trainer.history),
             "modes": [m.training for m in trainer.model.modules()], "pending": repr(trainer._pending), "draws": draws}
 
@@ -672,6 +673,19 @@ def test_a_checkpoint_of_another_optimizer_or_schedule_changes_nothing(tmp_path:
     with pytest.raises(ValueError, match=error):
         trainer.load_checkpoint(tmp_path / "other.ckpt")
     assert everything_of(trainer) == before
+
+
+def test_a_checkpoint_with_a_schedule_is_refused_by_a_trainer_without_one(tmp_path: Path) -> None:
+    """Dropping the schedule would keep the optimizer at the saved rate for good: not a complete load."""
+    small_trainer(seed=2).save_checkpoint(tmp_path / "c.ckpt")
+    trainer = small_trainer(schedule="none")
+    before = everything_of(trainer)
+    with pytest.raises(ValueError, match=re.escape("c.ckpt holds the state of a CosineSchedule, but this trainer has "
+                                                   "no scheduler; pass one as Trainer(..., scheduler=...)")):
+        trainer.load_checkpoint(tmp_path / "c.ckpt")
+    assert everything_of(trainer) == before
+    small_trainer(schedule="none", seed=2).save_checkpoint(tmp_path / "plain.ckpt")
+    small_trainer().load_checkpoint(tmp_path / "plain.ckpt")  # a schedule added on resuming is the trainer's choice
 
 
 @pytest.mark.parametrize("field, value, shown", [

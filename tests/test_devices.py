@@ -608,7 +608,8 @@ def test_a_gpu_checkpoint_loads_in_a_process_that_has_no_such_device(tmp_path: P
         from tinytrain import nn, optim
         tt.manual_seed(5)
         model = nn.Sequential(nn.Linear(6, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, 3))
-        trainer = tt.Trainer(model, optim.Adam(model.parameters(), lr=0.02), nn.CrossEntropyLoss())
+        trainer = tt.Trainer(model, optim.Adam(model.parameters(), lr=0.02), nn.CrossEntropyLoss(),
+                             scheduler=tt.CosineSchedule(max_lr=0.02, min_lr=0.002, total_epochs=4))
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             trainer.load_checkpoint({str(tmp_path / "gpu.ckpt")!r})

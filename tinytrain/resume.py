@@ -51,12 +51,17 @@ class Resumable:
 
         Every field is checked before anything changes; if applying it fails
         midway (a checkpoint of another model, optimizer or schedule), the trainer
-        gets its previous state back and the error propagates. The data loaders
+        gets its previous state back and the error propagates. A checkpoint with a
+        schedule raises ``ValueError`` for a trainer without one: dropping it would
+        leave the optimizer at the saved rate for good. The data loaders
         and callbacks get their saved state when they are next passed to
         :meth:`fit` (or the train loader to :meth:`train_epoch`).
         """
         state = read_checkpoint(path)
         _check_trainer_state(path, state)
+        if state.get("scheduler") is not None and self.scheduler is None:
+            raise ValueError(f"{path} holds the state of a {state['scheduler'].get('type', 'schedule')}, but this "
+                             "trainer has no scheduler; pass one as Trainer(..., scheduler=...) to resume it")
         with warnings.catch_warnings():  # a generator that cannot be saved is as before; no need to say so twice
             warnings.simplefilter("ignore", RuntimeWarning)
             before = {
