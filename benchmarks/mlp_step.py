@@ -6,7 +6,9 @@ implementations start from the same weights and do the same arithmetic in
 float32 (checked: their first three losses agree). One BLAS thread; each side
 runs in processes of its own (see ``_timing.lockstep_medians``). Hand-written
 NumPy runs twice: with row-major weights (the target's reference) and with
-tinytrain's column-major ones, whose ratio is the framework's own cost.
+tinytrain's column-major ones, whose ratio is the framework's own cost. A fifth
+side, ``framework_free``, runs tinytrain's own Functions and optimizer update
+straight on the arrays: the floor that no change to the framework gets below.
 
     python benchmarks/mlp_step.py [--quick] [--json PATH]
 """
@@ -69,6 +71,61 @@ def tinytrain_step() -> Callable[[], float]:
         loss.backward()
         optimizer.step()
         return loss.item()
+
+    return step
+
+
+def framework_free_step() -> Callable[[], float]:
+    """tinytrain's own array work with no framework around it: the floor of any change to the framework.
+
+    The step the engine runs, spelled out: the reference Functions' ``forward`` and
+    ``backward`` (Linear, ReLU, cross-entropy) and SGD's ``update`` called straight on
+    the arrays, newest node first, with no tensors, graph, engine, modules, checks
+    or optimizer loop. Capturing the graph once and replaying it could at best do
+    this, so its time over hand-written NumPy's says what no framework change can win.
+    """
+    import tinytrain as tt
+    from tinytrain.nn.layers import LinearFunction
+    from tinytrain.nn.losses import CrossEntropy
+    from tinytrain.ops import ReLU
+
+    x, y = batch()
+    params = [tt.tensor(value, requires_grad=True) for value in initial_weights()]
+    for weight in params[::2]:
+        weight.data = np.asfortranarray(weight.data)  # as tinytrain's Linear stores it
+    optimizer = tt.optim.SGD(params, lr=LR, momentum=MOMENTUM)
+    group, xp = optimizer.param_groups[0], np
+    states = [optimizer.init_state(param.data, group, xp) for param in params]
+    backend = params[0]._backend
+    given = tt.tensor(x)  # what each node's backward asks of its inputs: whether they need a gradient
+    hidden = tt.zeros(1, requires_grad=True)
+    seed = np.ones((), dtype=np.float32)
+
+    def node(function: type, *inputs: Any) -> Any:
+        """A Function set up as ``Function.apply`` and the engine set it up."""
+        fn = function()
+        fn.backend, fn.xp, fn.inputs, fn.owns_grad = backend, xp, inputs, True
+        return fn
+
+    def step() -> float:
+        h, nodes = x, []
+        for k in range(len(params) // 2):
+            weight, bias = params[2 * k], params[2 * k + 1]
+            nodes.append(node(LinearFunction, given if k == 0 else hidden, weight, bias))
+            h = nodes[-1].forward(h, weight.data, bias.data)
+            if 2 * k + 2 < len(params):
+                nodes.append(node(ReLU, hidden))
+                h = nodes[-1].forward(h)
+        loss_node = node(CrossEntropy, hidden)
+        loss = loss_node.forward(h, y, "mean")
+        (grad,) = loss_node.backward(seed)
+        grads = []
+        for fn in reversed(nodes):
+            grad, *param_grads = fn.backward(grad)
+            grads = param_grads + grads
+        for param, param_grad, state in zip(params, grads, states):
+            optimizer.update(param.data, param_grad, state, group, xp)
+        return float(loss)
 
     return step
 
@@ -150,8 +207,8 @@ def torch_step() -> Callable[[], float]:
     return step
 
 
-BUILDERS = {"tinytrain": tinytrain_step, "numpy": numpy_step, "numpy_column_major": lambda: numpy_step("F"),
-            "torch": torch_step}
+BUILDERS = {"tinytrain": tinytrain_step, "framework_free": framework_free_step, "numpy": numpy_step,
+            "numpy_column_major": lambda: numpy_step("F"), "torch": torch_step}
 
 
 def build(name: str) -> Callable[[], float]:
@@ -165,7 +222,7 @@ def measure(quick: bool = False, with_torch: bool = True) -> dict[str, dict[str,
     Raises AssertionError when an implementation's first three losses differ
     from tinytrain's (they would not be doing the same computation).
     """
-    names = ["tinytrain", "numpy", "numpy_column_major"] + (["torch"] if with_torch else [])
+    names = ["tinytrain", "framework_free", "numpy", "numpy_column_major"] + (["torch"] if with_torch else [])
     results = lockstep_medians({name: ("mlp_step:build", (name,)) for name in names},
                                repeats=30 if quick else 100, warmup=10, inner=3, processes=3 if quick else 5)
     for name, found in results.items():
@@ -243,6 +300,8 @@ def main() -> None:
     print(f"  tinytrain / NumPy: {ours / times['numpy']['seconds']:.2f}x (target <= {TARGETS['vs_numpy']}x)")
     print(f"  tinytrain / NumPy with column-major weights: {ours / times['numpy_column_major']['seconds']:.2f}x "
           "(the framework's own cost; no target)")
+    print(f"  tinytrain's array work with no framework / NumPy: "
+          f"{times['framework_free']['seconds'] / times['numpy']['seconds']:.2f}x (the floor of any framework change)")
     if "torch" in times:
         print(f"  tinytrain / PyTorch: {ours / times['torch']['seconds']:.2f}x (target <= {TARGETS['vs_torch']}x)")
     theory = memory["theoretical_bytes"]

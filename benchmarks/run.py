@@ -209,6 +209,10 @@ def rows(report: dict[str, Any]) -> list[dict[str, Any]]:
     if "numpy_column_major" in mlp:  # the same array work as tinytrain's: the ratio is the framework's own cost
         add("MLP step against NumPy with tinytrain's column-major weights", "ms",
             {"tinytrain": mlp["tinytrain"]["seconds"], "numpy": mlp["numpy_column_major"]["seconds"], "torch": None}, 1e3)
+    if "framework_free" in mlp:  # the floor of any change to the framework (graph capture and replay included)
+        add("MLP step of tinytrain's Functions and update on bare arrays, no framework", "ms",
+            {"tinytrain": mlp["framework_free"]["seconds"], "numpy": mlp["numpy"]["seconds"],
+             "torch": mlp["torch"]["seconds"] if "torch" in mlp else None}, 1e3)
     if report["cnn"]:
         for shape, limit in (("mnist", TARGETS["cnn_mnist_vs_torch"]), ("cifar", TARGETS["cnn_cifar_vs_torch"])):
             n, c, size, _, _ = cnn_step.SHAPES[shape]

@@ -39,12 +39,15 @@ def test_conv_layer_first_layers_of_each_dataset_skip_the_input_gradient() -> No
 
 def test_mlp_step_sides_compute_the_same_losses_and_the_column_major_numpy_keeps_its_order() -> None:
     """The column-major NumPy step is the framework-free twin of tinytrain's array work: same losses, and
-    weights, gradients and momentum buffers stay column-major (a row-major gradient would slow its update)."""
-    sides = ["tinytrain", "numpy", "numpy_column_major"] + (["torch"] if torch_or_none() is not None else [])
+    weights, gradients and momentum buffers stay column-major (a row-major gradient would slow its update).
+    The framework_free side is tinytrain's own array work: bit for bit the same losses as its step."""
+    sides = ["tinytrain", "framework_free", "numpy", "numpy_column_major"]
+    sides += ["torch"] if torch_or_none() is not None else []
     steps = {side: mlp_step.build(side) for side in sides}
     losses = {side: [step() for _ in range(3)] for side, step in steps.items()}
     for side in sides[1:]:
         np.testing.assert_allclose(losses[side], losses["tinytrain"], rtol=1e-4, atol=1e-5, err_msg=side)
+    assert losses["framework_free"] == losses["tinytrain"]
     step = steps["numpy_column_major"]
     cells = dict(zip(step.__code__.co_freevars, (cell.cell_contents for cell in step.__closure__)))
     for weight, buffer in zip(cells["params"][::2], cells["buffers"][::2]):
