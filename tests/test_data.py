@@ -492,6 +492,24 @@ def test_loading_something_else_raises():
         DataLoader(labelled(10)).load_state_dict({"epoch": 0})
 
 
+@pytest.mark.parametrize("change, error, message", [
+    (dict(epoch="zero"), TypeError, "the loader state's epoch must be a whole number"),
+    (dict(epoch=-1), ValueError, "the loader state's epoch must be a whole number >= 0"),
+    (dict(position=1.7), TypeError, "the loader state's position must be a whole number"),
+    (dict(generator={"bit_generator": "MT19937"}), ValueError, "a generator state that PCG64 refuses"),
+], ids=["epoch-text", "epoch-negative", "position-fraction", "generator"])
+def test_a_failed_load_changes_nothing(change, error, message):
+    """The generator state used to be set before the epoch was read: a bad epoch left another loader's order."""
+    other = DataLoader(labelled(10), batch_size=3, shuffle=True, seed=7)
+    label_batches(other)
+    loader = DataLoader(labelled(10), batch_size=3, shuffle=True, seed=0)
+    before = loader.state_dict()
+    with pytest.raises(error, match=message):
+        loader.load_state_dict(other.state_dict() | change)
+    assert loader.state_dict() == before
+    assert label_batches(loader) == label_batches(DataLoader(labelled(10), batch_size=3, shuffle=True, seed=0))
+
+
 def test_state_dict_is_a_copy():
     loader = DataLoader(labelled(10), batch_size=3, shuffle=True, seed=0)
     state = loader.state_dict()
@@ -579,6 +597,8 @@ def test_token_windows_refuse_what_is_not_a_stream():
         TokenWindows(np.arange(10), 2.0)
     with pytest.raises(ValueError, match="context=4 needs 5 tokens.*has 4"):
         TokenWindows(np.arange(4), 4)
+    with pytest.raises(ValueError, match="context=4 needs 5 tokens.*has 0"):  # not 'integer ids, got float64'
+        TokenWindows([], 4)
     windows = TokenWindows(np.arange(10), 4, stride=2)  # windows at 0, 2, 4
     with pytest.raises(IndexError, match="window 3 is out of range for 3 windows"):
         windows[3]

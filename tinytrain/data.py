@@ -320,7 +320,10 @@ class DataLoader:
 
         Raises ``ValueError`` when the state comes from a loader with another
         dataset length, batch size, ``shuffle`` or ``drop_last``, or holds a
-        position outside the epoch.
+        position outside the epoch or a generator state this loader's generator
+        refuses; ``TypeError`` for an epoch or position that is not a whole number.
+        Everything is checked before anything changes: a failed load leaves the
+        loader as it was.
         """
         mine = self.state_dict()
         missing = sorted(set(mine) - set(state))
@@ -331,12 +334,19 @@ class DataLoader:
                 raise ValueError(
                     f"loader state was saved with {key}={state[key]!r} but this loader has {key}={mine[key]!r}"
                 )
-        position = int(state["position"])
+        epoch = check_int("the loader state's epoch", state["epoch"], minimum=0)
+        position = check_int("the loader state's position", state["position"])
         if not 0 <= position < max(len(self), 1):
             raise ValueError(f"loader state has position {position}, outside an epoch of {len(self)} batches")
         if self.generator is not None:
-            self.generator.bit_generator.state = copy.deepcopy(state["generator"])
-        self.epoch = int(state["epoch"])
+            trial = type(self.generator.bit_generator)()  # NumPy checks the state as it is set: on a spare first
+            try:
+                trial.state = copy.deepcopy(state["generator"])
+            except (TypeError, ValueError) as error:
+                raise ValueError(f"loader state has a generator state that {type(trial).__name__} refuses: "
+                                 f"{error}") from None
+            self.generator.bit_generator.state = trial.state
+        self.epoch = epoch
         self._position = position
         self._start_state = self._generator_state()
         self._resuming = True
@@ -368,6 +378,8 @@ class TokenWindows(Dataset):
 
     def __init__(self, tokens: Any, context: int, stride: int = 1) -> None:
         tokens = _host_array(tokens)
+        if tokens.size == 0:  # np.asarray([]) is float64: the stream is too short, not of the wrong kind
+            tokens = tokens.astype(np.int64)
         if tokens.ndim != 1:
             raise ValueError(f"TokenWindows needs a 1-D stream of token ids, got an array of shape {tokens.shape}")
         if tokens.dtype.kind not in "iu":
