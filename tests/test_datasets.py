@@ -8,11 +8,13 @@ CIFAR-format files are written by the tests themselves, in the real formats.
 """
 from __future__ import annotations
 
+import errno
 import gzip
 import hashlib
 import io
 import os
 import pickle
+import re
 import socket
 import struct
 import tarfile
@@ -344,8 +346,10 @@ def test_cifar_parser_refuses_code_in_a_pickle():
         ({b"labels": [1]}, "keys"),
         ({b"data": np.zeros((2, 3072), np.float32), b"labels": [1, 2]}, "uint8"),
         ({b"data": np.zeros((2, 3072), np.uint8), b"labels": [1]}, "2 images"),
+        ({b"data": np.zeros((3, 3072), np.uint8), b"labels": [3, 10, -1]},
+         re.escape("label 10 at index 1 (2 label(s) outside 0..9)")),
     ],
-    ids=["not-a-dict", "no-data", "float-data", "label-count"],
+    ids=["not-a-dict", "no-data", "float-data", "label-count", "label-range"],
 )
 def test_cifar_parser_rejects_other_pickles(obj, message):
     with pytest.raises(ValueError, match=message):
@@ -421,6 +425,24 @@ def test_a_download_cut_off_midway_leaves_nothing(monkeypatch, tmp_path):
     with pytest.raises(DownloadError, match="connection reset"):
         download_file(["https://a.example/f"], tmp_path / "cache" / "f", "0" * 64)
     assert os.listdir(tmp_path / "cache") == []
+
+
+def test_a_cache_that_cannot_be_written_is_not_called_offline_and_tries_no_mirror(monkeypatch, tmp_path):
+    """A read-only or full disk was reported as 'Are you offline?' after trying every mirror."""
+    payload = b"mnist bytes"
+    calls = serve(monkeypatch, {"https://a.example/f.gz": payload, "https://mirror.example/f.gz": payload})
+
+    def full_disk(descriptor):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", full_disk)  # the file is written, then flushing it to disk fails
+    with pytest.raises(OSError) as error:
+        download_file(["https://a.example/f.gz", "https://mirror.example/f.gz"], tmp_path / "f.gz", sha256(payload))
+    assert not isinstance(error.value, DownloadError) and error.value.errno == errno.ENOSPC
+    assert f"cannot save {tmp_path / 'f.gz'}: No space left on device; set TINYTRAIN_DATA" in str(error.value)
+    assert "offline" not in str(error.value)
+    assert calls == ["https://a.example/f.gz"]  # no mirror tried: it would fail the same way
+    assert os.listdir(tmp_path) == []  # nothing half-written
 
 
 # -- MNIST and Fashion-MNIST ------------------------------------------------------------------

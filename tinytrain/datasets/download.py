@@ -58,7 +58,6 @@ def download_file(urls: Sequence[str], path: str | os.PathLike, sha256: str, tim
     the right bytes, :class:`DownloadError` (naming every URL tried and what
     went wrong) when none answered.
     """
-    import http.client
     import urllib.request
 
     path = Path(path)
@@ -71,8 +70,11 @@ def download_file(urls: Sequence[str], path: str | os.PathLike, sha256: str, tim
             _fetch(urllib.request, url, path, sha256, timeout)
         except ChecksumError as error:
             mismatches.append(error)
-        except (OSError, http.client.HTTPException) as error:  # URLError, HTTPError, timeouts are OSErrors
-            failures.append(f"  {url}: {error}")
+        except _Unreachable as error:
+            failures.append(f"  {url}: {error.__cause__}")
+        except OSError as error:  # this machine's fault (a read-only or full disk): no mirror helps
+            raise OSError(error.errno, f"cannot save {path}: {error.strerror or error}; set TINYTRAIN_DATA to a "
+                                       "writable folder, or pass root= a folder that holds the dataset's files") from error
         else:
             return path
     if mismatches:
@@ -86,14 +88,27 @@ def download_file(urls: Sequence[str], path: str | os.PathLike, sha256: str, tim
         f"{path.parent} or pass root= a folder that holds the dataset's files (e.g. MNIST(root='path/to/folder'))."
     )
 
+class _Unreachable(Exception):
+    """A URL failed to serve its file (its ``__cause__`` says how): the next mirror may not."""
+
+def _network(call: Any, *args: Any, **kwargs: Any) -> Any:
+    """``call(*args, **kwargs)`` with its failures raised as :class:`_Unreachable`, so that they are
+    told apart from errors in writing the file (both are ``OSError``: URLError and timeouts too)."""
+    import http.client
+
+    try:
+        return call(*args, **kwargs)
+    except (OSError, http.client.HTTPException) as error:
+        raise _Unreachable from error
+
 def _fetch(urllib_request: Any, url: str, path: Path, sha256: str, timeout: float) -> None:
     """One attempt: ``url`` into ``path``, renamed into place only if its SHA-256 matches."""
 
     def stream_and_verify(out: BinaryIO) -> None:
         digest = hashlib.sha256()
         request = urllib_request.Request(url, headers={"User-Agent": "tinytrain"})
-        with urllib_request.urlopen(request, timeout=timeout) as response:
-            for chunk in iter(lambda: response.read(_CHUNK), b""):
+        with _network(urllib_request.urlopen, request, timeout=timeout) as response:
+            for chunk in iter(lambda: _network(response.read, _CHUNK), b""):
                 digest.update(chunk)
                 out.write(chunk)
         if digest.hexdigest() != sha256:  # raising here makes atomic_write discard the file

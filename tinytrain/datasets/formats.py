@@ -122,4 +122,8 @@ def parse_cifar_batch(data: bytes) -> tuple[np.ndarray, np.ndarray]:
         )
     if labels.ndim != 1 or len(labels) != len(pixels) or labels.dtype.kind not in "iu":
         raise ValueError(f"not a CIFAR batch: {len(pixels)} images but labels of shape {labels.shape} ({labels.dtype})")
+    outside = np.flatnonzero((labels < 0) | (labels > 9))
+    if len(outside):
+        raise ValueError(f"not a CIFAR-10 batch: label {labels[outside[0]]} at index {outside[0]} "
+                         f"({len(outside)} label(s) outside 0..9)")
     return pixels.reshape(-1, 3, 32, 32), labels.astype(np.int64)
