@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -77,6 +78,78 @@ def test_grade_reports_a_syntax_error_with_cell_and_line(tmp_path: Path, capsys)
     assert "hint:" not in out and "FAIL" not in out, "a notebook that does not load gets one message, not every hint"
 
 
+def test_a_print_at_the_top_of_a_cell_leaves_the_json_clean(tmp_path: Path, capsys) -> None:
+    """The notebook ran once more after the checks, uncaptured: stdout began with the print, not the JSON."""
+    notebook = _notebook(tmp_path / "03_activations.ipynb", edit=("def relu(x: Tensor) -> Tensor:",
+                                                                  "print('debugging')\n\n\ndef relu(x: Tensor) -> Tensor:"))
+    assert main(["grade", "03", "--notebook", str(notebook), "--root", str(ROOT), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["earned"] == 12
+
+
+def test_a_notebook_that_does_not_load_runs_once_and_says_so_once(tmp_path: Path, monkeypatch, capsys) -> None:
+    """Every check ran the failing cells again (an endless loop cost each the time limit), then the report
+    ran them once more; now the first failure is reused."""
+    from tinytrain.course import overlay
+
+    runs = []
+    real = overlay.overlay
+
+    def counted(*args, **kwargs):
+        runs.append(args)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(overlay, "overlay", counted)
+    notebook = _notebook(tmp_path / "03_activations.ipynb", edit=("def relu(x: Tensor) -> Tensor:",
+                                                                  "raise ValueError('half-written')\n\n\n"
+                                                                  "def relu(x: Tensor) -> Tensor:"))
+    assert main(["grade", "03", "--notebook", str(notebook), "--root", str(ROOT)]) == 1
+    out = capsys.readouterr().out
+    assert len(runs) == 1
+    assert out.count("running the cell raised ValueError: half-written") == 1 and "Total: 0/12 points" in out
+
+
+def test_an_endless_loop_at_the_top_of_a_cell_fails_within_the_time_limit(tmp_path: Path) -> None:
+    notebook = _notebook(tmp_path / "03_activations.ipynb", edit=("def relu(x: Tensor) -> Tensor:",
+                                                                  "while True:\n    pass\n\n\n"
+                                                                  "def relu(x: Tensor) -> Tensor:"))
+    env = dict(os.environ, TINYTRAIN_CHECK_TIMEOUT="1")
+    env.pop(grading.NOTEBOOK_ENV, None)
+    graded = subprocess.run([sys.executable, "-m", "tinytrain", "grade", "03", "--notebook", str(notebook),
+                             "--root", str(ROOT)], capture_output=True, text=True, env=env, timeout=120)
+    assert graded.returncode == 1, graded.stderr
+    assert re.search(r"cell \d+ \(id 03_activations-\d+\), line \d+: running the cell raised TimeoutError: "
+                     r"the check took longer than 1 s \(an endless loop\?\)", graded.stdout), graded.stdout
+    assert "Total: 0/12 points" in graded.stdout
+
+
+def test_a_breakpoint_left_in_the_code_fails_its_check_at_once(tmp_path: Path, capsys) -> None:
+    """The debugger's prompt, captured and unseen, waited for input until the check's time limit."""
+    notebook = _notebook(tmp_path / "03_activations.ipynb", edit=("return x.relu()", "breakpoint()\n    return x.relu()"))
+    assert main(["grade", "03", "--notebook", str(notebook), "--root", str(ROOT)]) == 1
+    out = capsys.readouterr().out
+    assert "FAIL  relu" in out and "RuntimeError: breakpoint() in the graded code: remove it" in out
+
+
+def test_a_name_from_a_cell_that_is_not_exported_is_named_with_its_cell(tmp_path: Path, capsys) -> None:
+    """It works in Jupyter (one namespace); graded, it was a bare NameError or 'was it deleted or renamed?'."""
+    notebook = build.reference_notebook(SOURCE_03)
+    relu = next(cell for cell in notebook.cells if cell.metadata.get("export") and "return x.relu()" in cell.source)
+    relu.source = relu.source.replace("return x.relu()", "return positive_part(x)")
+    helper = nbformat.v4.new_code_cell("def positive_part(x):\n    return x.relu()")
+    notebook.cells.insert(notebook.cells.index(relu), helper)
+    softmax = next(cell for cell in notebook.cells if cell.metadata.get("export") and "def softmax(" in cell.source)
+    del softmax.metadata["export"]
+    path = tmp_path / "03_activations.ipynb"
+    nbformat.write(notebook, path)
+    assert main(["grade", "03", "--notebook", str(path), "--root", str(ROOT)]) == 1
+    out = capsys.readouterr().out
+    helper_cell = f"cell {notebook.cells.index(helper) + 1} (id {helper.id})"
+    assert (f"hint: 'positive_part' is defined in {helper_cell}, which is not an export cell: the grader and your "
+            "library run only export cells; import or define it in an export cell") in out
+    softmax_cell = f"cell {notebook.cells.index(softmax) + 1} (id {softmax.id})"
+    assert f"{softmax_cell} of {path} defines 'softmax', but it is not an export cell" in out
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
@@ -97,6 +170,16 @@ def test_clear_errors(argv: list[str], message: str, capsys) -> None:
         pytest.skip("the CNN milestone exists now")
     assert main([*argv, "--root", str(ROOT)] if argv[0] != "milestone" else argv) == 2
     assert message in capsys.readouterr().err
+
+
+def test_a_missing_notebook_says_how_to_get_it_back(tmp_path: Path) -> None:
+    import argparse
+
+    from tinytrain.course import cli
+
+    with pytest.raises(cli.UsageError, match=re.escape("get a fresh copy with `git checkout -- "
+                                                       "notebooks/05_normalization.ipynb` in the project folder")):
+        cli._notebook(argparse.Namespace(notebook=None), tmp_path, "05_normalization")
 
 
 def test_grade_without_a_project(tmp_path: Path, monkeypatch, capsys) -> None:
@@ -231,6 +314,42 @@ def test_stubs_left_in_an_export_are_named_by_status_doctor_and_the_milestones(c
     assert json.loads(run("status", "--json").stdout)["advice"] == []
     assert "already holds the reference code of every module" in run("reset", "--all").stdout
     assert run("reset").returncode == 2
+
+
+def test_a_wrong_value_from_an_exported_module_keeps_the_hint_and_names_the_exported_modules(copy, tmp_path) -> None:
+    """With a student's module 02 exported, a wrong bias gradient in module 04 failed gradcheck, and the
+    failure was blamed on 02's gradcheck ('tinytrain reset 02', on correct code) instead of giving 04's hint."""
+    from tinytrain.course import solutions
+
+    run, _ = copy
+    autograd = solutions.fill(build.student_notebook(ROOT / "modules/02_autograd/02_autograd.py"),
+                              solutions.solution_bodies(ROOT / "tests/course/solutions/02_autograd.py"))
+    nbformat.write(autograd, tmp_path / "02_autograd.ipynb")
+    assert run("export", "02", "--notebook", str(tmp_path / "02_autograd.ipynb")).returncode == 0
+    layers = build.reference_notebook(ROOT / "modules/04_layers/04_layers.py")
+    bias = "self.xp.ones(len(rows), dtype=rows.dtype) @ rows"
+    cell = next(cell for cell in layers.cells if cell.metadata.get("export") and bias in cell.source)
+    cell.source = cell.source.replace(bias, f"2 * ({bias})")
+    nbformat.write(layers, tmp_path / "04_layers.ipynb")
+    graded = run("grade", "04", "--notebook", str(tmp_path / "04_layers.ipynb"))
+    assert "FAIL  linear_backward" in graded.stdout and "hint: LinearFunction.backward" in graded.stdout
+    assert "cause:" not in graded.stdout, graded.stdout
+    assert ("note: the package holds your exported code of 02_autograd: a failure here may come from a wrong "
+            "result there; `tinytrain status` runs each module's graded checks on it") in graded.stdout
+
+
+def test_status_counts_no_points_for_checks_that_did_not_run(copy) -> None:
+    """An exported file that no longer compiles stopped pytest at collection: every check kept 'passed'."""
+    run, package = copy
+    assert run("export", "03", "--notebook", str(_notebook(package.parent / "03_activations.ipynb"))).returncode == 0
+    with (package / "nn/activations.py").open("a") as file:
+        file.write("def broken(:\n")
+    status = json.loads(run("status", "--json").stdout)
+    rows = {row["module"]: row for row in status["modules"]}
+    assert rows["03_activations"]["checks"].startswith("0/12 points"), rows["03_activations"]
+    assert rows["04_layers"]["checks"].startswith("0/15 points")
+    assert any("fail in your exported code of module 03_activations (activations.py, line " in line
+               and "in <module>" in line and "tinytrain reset 03" in line for line in status["advice"])
 
 
 def test_export_refuses_a_syntax_error(copy, tmp_path: Path) -> None:

@@ -104,3 +104,22 @@ def test_bad_settings_are_rejected_before_training(tmp_path: Path) -> None:
     assert result.returncode != 0
     assert "imagenet" in result.stderr and "batch_size must be >= 1, got 0" in result.stderr
     assert not (tmp_path / "x").exists()
+
+
+def test_a_failed_milestone_names_the_exported_modules_a_wrong_result_may_come_from(monkeypatch, capsys,
+                                                                                     tmp_path: Path) -> None:
+    """A wrong Nesterov sign exported in module 07 ended in 'test accuracy 0.1000 ...: FAIL' and nothing else."""
+    import dataclasses
+
+    from tinytrain.course import milestones
+
+    def fails(milestone, settings, **options):
+        return {"epochs_done": settings.epochs, "passed": False, "test_accuracy": 0.1, "pass_mark": 0.97,
+                "train_seconds_this_run": 0.0}
+
+    monkeypatch.setitem(milestones.MILESTONES, "mlp", dataclasses.replace(milestones.MILESTONES["mlp"], train=fails))
+    monkeypatch.setattr(milestones, "exported_note", lambda failure: f"(your exported 07_optimizers: {failure})")
+    assert milestones.main("mlp", ["--epochs", "1", "--warmup", "0", "--out", str(tmp_path / "run")]) == 1
+    out = capsys.readouterr().out
+    assert "test accuracy 0.1000 (pass mark 0.97): FAIL" in out
+    assert out.rstrip().endswith("note: (your exported 07_optimizers: missing the pass mark)")

@@ -22,6 +22,7 @@ it needs when it runs.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -142,7 +143,8 @@ def _notebook(args: argparse.Namespace, root: Path, module: str) -> Path:
         return path
     path = root / "notebooks" / f"{module}.ipynb"
     if not path.is_file():
-        raise UsageError(f"notebook {path} does not exist; pass --notebook PATH to grade another file")
+        raise UsageError(f"notebook {path} does not exist; pass --notebook PATH to use another file, or get a "
+                         f"fresh copy with `git checkout -- notebooks/{module}.ipynb` in the project folder")
     return path
 
 
@@ -170,7 +172,9 @@ def _grade(args: argparse.Namespace) -> int:
             raise UsageError(f"{notebook} is the notebook of module {belongs}, not {module}; "
                              f"grade it with `tinytrain grade {belongs[:2]}`")
     _require("pytest", "tinytrain grade")
-    report = grading.grade(module, root, notebook)
+    # Anything the student's code prints outside the checks goes to stderr: stdout is the JSON alone.
+    with contextlib.redirect_stdout(sys.stderr) if args.json else contextlib.nullcontext():
+        report = grading.grade(module, root, notebook)
     if args.json:
         print(json.dumps(report.as_dict(), indent=2))
     else:
@@ -190,13 +194,15 @@ def _print_report(report) -> None:
         print(f"error: {error}")
     width = max((len(_check_name(check.name)) for check in report.checks), default=10)
     for check in report.checks:
-        label = {"passed": "PASS", "failed": "FAIL", "skipped": "SKIP"}[check.outcome]
+        label = {"passed": "PASS", "failed": "FAIL", "skipped": "SKIP", "unrun": "----"}[check.outcome]
         score = f"{check.earned}/{check.points}" if check.outcome != "skipped" else f"-/{check.points}"
         line = f"  {label}  {_check_name(check.name):<{width}}  {score:>5}"
         if check.outcome == "failed":
             line += f"  {check.message}"
         elif check.outcome == "skipped":
             line += f"  ({check.message})"
+        elif check.outcome == "unrun":
+            line += "  (did not run)"
         print(line)
         if check.outcome != "failed":
             continue
@@ -204,9 +210,12 @@ def _print_report(report) -> None:
             print(f"        cause: {check.cause} raised this; {diagnose.reset_advice(check.cause.module)}")
         elif check.blocked_by:
             first = ", ".join(_check_name(name) for name in check.blocked_by)
-            print(f"        fails because {first} fails: fix that first")
+            verb = "fails" if len(check.blocked_by) == 1 else "fail"
+            print(f"        fails because {first} {verb}: fix that first")
         else:
             print(f"        hint: {check.hint}")
+    for note in report.notes:
+        print(f"note: {note}")
     print(f"Total: {report.earned}/{report.possible} points")
 
 
@@ -305,12 +314,15 @@ def _status(args: argparse.Namespace) -> int:
         if module in reports:
             report = reports[module]
             failing = [c for c in report.checks if c.outcome == "failed"]
+            unrun = [c for c in report.checks if c.outcome == "unrun"]
             checks = f"{report.earned}/{report.possible} points"
             if report.errors and not report.checks:
                 checks += ", checks do not load"
             elif failing:
                 checks += f", {len(failing)} check(s) fail: {', '.join(_check_name(c.name) for c in failing[:4])}"
                 checks += ", ..." if len(failing) > 4 else ""
+            elif unrun:
+                checks += f", {len(unrun)} check(s) did not run"
             else:
                 checks += ", all pass"
         elif module in tests:

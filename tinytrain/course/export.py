@@ -23,7 +23,7 @@ from tinytrain.course.grading import NOTEBOOK_ENV
 from tinytrain.course.imports import sibling_imports
 from tinytrain.course.inventory import (
     BUILD_HEADER, BACKUP_DIR, EXPORT_HEADER, PACKAGE_DIR, UnknownModule, dotted, installed_modules, module_targets,
-    target_path,
+    reference_backup, target_path,
 )
 from tinytrain.course.notebooks import ExportCell, NotebookError, compile_cells, notebook_module, read_export_cells
 
@@ -181,12 +181,12 @@ def export(notebook: Path, module: str, package: Path = PACKAGE_DIR) -> ExportRe
     written = []
     for target, text in texts.items():
         path = target_path(target, package)
-        name = target.replace("/", ".") + ".py.orig"
+        reference = reference_backup(module, target, package)
         if path.exists():
             current = path.read_text(encoding="utf-8")
             if BUILD_HEADER.match(current):
-                write_atomic(backups / "reference" / name, current)
-            write_atomic(backups / "previous" / name, current)
+                write_atomic(reference, current)
+            write_atomic(backups / "previous" / reference.name, current)
         write_atomic(path, text)
         written.append(path)
     importlib.invalidate_caches()
@@ -261,7 +261,7 @@ def reset(module: str, root: Path | None = None, package: Path = PACKAGE_DIR) ->
 
     unrestored = []
     for target in targets:
-        backup = backups / (target.replace("/", ".") + ".py.orig")
+        backup = reference_backup(module, target, package)
         if backup.is_file():
             put(target, backup.read_text(encoding="utf-8"), f"restored from {backup}")
         elif (info and info.targets.get(target, "reference") != "reference") or not target_path(target, package).exists():

@@ -16,10 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from tinytrain.course.checks import check_after, check_info
-from tinytrain.course.diagnose import Blame, blame
-from tinytrain.course.inventory import UnknownModule, graded_test_files, module_of_test_file
-from tinytrain.course.notebooks import NotebookError
-from tinytrain.course.overlay import overlay
+from tinytrain.course.diagnose import Blame, blame, exported_note
+from tinytrain.course.inventory import PACKAGE_DIR, UnknownModule, graded_test_files, module_of_test_file
+from tinytrain.course.notebooks import NotebookError, defined_outside_export_cells
 
 NOTEBOOK_ENV = "TINYTRAIN_STUDENT_NOTEBOOK"
 
@@ -29,7 +28,7 @@ class CheckResult:
     name: str
     nodeid: str
     points: int
-    outcome: str  # "passed", "failed" or "skipped"
+    outcome: str  # "passed", "failed", "skipped" or "unrun" (pytest stopped before it: no points)
     hint: str
     message: str = ""
     doc: str = ""
@@ -53,6 +52,7 @@ class GradeReport:
     notebook: str | None  # None: the installed package was graded
     checks: list[CheckResult]
     errors: list[str] = field(default_factory=list)  # collection errors, a notebook that does not load
+    notes: list[str] = field(default_factory=list)  # what else may explain a failure (see grade)
 
     @property
     def earned(self) -> int:
@@ -69,7 +69,7 @@ class GradeReport:
     def as_dict(self) -> dict[str, Any]:
         return {"module": self.module, "notebook": self.notebook, "earned": self.earned,
                 "possible": self.possible, "checks": [check.as_dict() for check in self.checks],
-                "errors": self.errors}
+                "errors": self.errors, "notes": self.notes}
 
 
 class Collector:
@@ -85,7 +85,7 @@ class Collector:
             info = check_info(item)
             if info is not None:
                 doc = (item.function.__doc__ or "").strip().splitlines()
-                self.results[item.nodeid] = CheckResult(item.name, item.nodeid, info[0], "passed", info[1],
+                self.results[item.nodeid] = CheckResult(item.name, item.nodeid, info[0], "unrun", info[1],
                                                         doc=doc[0] if doc else "", after=check_after(item))
 
     def pytest_collectreport(self, report: Any) -> None:
@@ -93,11 +93,24 @@ class Collector:
             self.errors.append(f"collecting {report.nodeid or 'the checks'} failed:\n{_text(report)}")
 
     def pytest_runtest_makereport(self, item: Any, call: Any) -> None:
-        """Note when a failure was raised in another module's exported code (a knock-on failure)."""
+        """Keep why the notebook does not load (once), and note when a failure was raised in
+        another module's exported code (a knock-on failure)."""
         result = self.results.get(item.nodeid)
-        if result is None or result.cause is not None or call.excinfo is None:
+        if result is None or call.excinfo is None:
             return
-        culprit = blame(call.excinfo.value)
+        error = call.excinfo.value
+        if isinstance(error, NotebookError):
+            if str(error) not in self.errors:
+                self.errors.insert(0, str(error))
+            return
+        if isinstance(error, NameError) and self.notebook and error.name:
+            cell = defined_outside_export_cells(self.notebook, error.name)
+            if cell is not None:  # it worked in Jupyter, where every cell shares one namespace
+                result.hint = (f"{error.name!r} is defined in {cell}, which is not an export cell: the grader and "
+                               "your library run only export cells; import or define it in an export cell")
+        if result.cause is not None or isinstance(error, AssertionError):
+            return  # an assertion (gradcheck's too) is a check's verdict on values, not another module's crash
+        culprit = blame(error)
         if culprit is not None and culprit.module != module_of_test_file(item.path):
             result.cause = culprit
 
@@ -111,6 +124,8 @@ class Collector:
         elif report.skipped and report.when in ("setup", "call"):
             result.outcome = "skipped"
             result.message = _skip_reason(report)
+        elif report.passed and report.when == "call":
+            result.outcome = "passed"
 
     def report(self, module: str) -> GradeReport:
         failed = {result.name.partition("[")[0] for result in self.results.values() if result.outcome == "failed"}
@@ -167,15 +182,16 @@ def run_checks(test_files: Sequence[Path], notebook: str | os.PathLike | None = 
 
     pytest's own output is swallowed (the Collector keeps what matters). Modules the run
     imports from the test folder are forgotten afterwards, so runs can repeat in a process.
-    ``stop_at_first_failure`` leaves the checks after a failing one unrun (and counted as
-    passed): for a caller that only asks whether anything fails.
+    A test file that does not load is an error of the run; the other files' checks still run.
+    ``stop_at_first_failure`` leaves the checks after a failing one unrun: for a caller
+    that only asks whether anything fails.
     """
     import pytest
 
     collector = Collector(str(notebook) if notebook else None)
     args = [str(path) for path in test_files]
     args += ["-q", "-p", "no:cacheprovider", "-p", "no:randomly", "-o", "addopts=", "--no-header",
-             "-W", "ignore::pytest.PytestAssertRewriteWarning"]
+             "--continue-on-collection-errors", "-W", "ignore::pytest.PytestAssertRewriteWarning"]
     if root is not None:
         args += ["--rootdir", str(root)]
     if stop_at_first_failure:
@@ -190,10 +206,12 @@ def run_checks(test_files: Sequence[Path], notebook: str | os.PathLike | None = 
              if name in sys.modules}
     before = set(sys.modules)
     output = io.StringIO()
+    hook, sys.breakpointhook = sys.breakpointhook, _no_breakpoint
     try:
         with contextlib.redirect_stdout(output), contextlib.redirect_stderr(output):
             status = pytest.main(args, plugins=[collector])
     finally:
+        sys.breakpointhook = hook
         for name in set(sys.modules) - before:
             file = getattr(sys.modules[name], "__file__", None) or ""
             if name in aside or any(file.startswith(folder) for folder in folders):
@@ -205,18 +223,25 @@ def run_checks(test_files: Sequence[Path], notebook: str | os.PathLike | None = 
     return collector
 
 
+def _no_breakpoint(*args: Any, **kwargs: Any) -> None:
+    """``breakpoint()`` while grading: the debugger's prompt would wait, unseen, until the time limit."""
+    raise RuntimeError("breakpoint() in the graded code: remove it (the debugger would wait for input)")
+
+
 def grade(module: str, root: Path, notebook: str | os.PathLike | None = None,
-          stop_at_first_failure: bool = False) -> GradeReport:
-    """Run ``module``'s graded checks on ``notebook`` (None: on the installed package)."""
+          stop_at_first_failure: bool = False, package: Path = PACKAGE_DIR) -> GradeReport:
+    """Run ``module``'s graded checks on ``notebook`` (None: on the installed package).
+
+    A failing check's hint is about this module's code, but the checks run on the package,
+    which may hold the student's exported code of other modules: a wrong value there (a
+    gradient, say) fails checks here without naming its module. So when a check fails and
+    the package holds other modules' exported code, the report's ``notes`` name them.
+    """
     tests = graded_test_files(root).get(module)
     if tests is None:
         raise UnknownModule(f"module {module} has no graded checks (tests/graded/test_{module}.py under {root})")
-    collector = run_checks([tests], notebook, root, stop_at_first_failure)
-    report = collector.report(module)
-    if notebook is not None:
-        try:  # say once, up front, why nothing passes
-            with overlay(notebook, module):
-                pass
-        except NotebookError as error:
-            report.errors.insert(0, str(error))
+    report = run_checks([tests], notebook, root, stop_at_first_failure).report(module)
+    if any(check.outcome == "failed" and check.cause is None for check in report.checks):
+        note = exported_note("a failure here", besides=module, package=package)
+        report.notes += [note] if note else []
     return report

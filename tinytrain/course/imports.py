@@ -21,6 +21,11 @@ def _bound_names(code: str) -> tuple[set[str], set[str]]:
     return bound, defined
 
 
+def bound_names(code: str) -> set[str]:
+    """The names a module's code binds at top level (defines, assigns or imports)."""
+    return _bound_names(code)[0]
+
+
 def _global_references(code: str) -> set[str]:
     """Names the code looks up as globals anywhere (module level, functions, classes)."""
     found: set[str] = set()

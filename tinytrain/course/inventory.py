@@ -54,6 +54,11 @@ def target_path(target: str, package: Path = PACKAGE_DIR) -> Path:
     return package.joinpath(*target.split("/")).with_suffix(".py")
 
 
+def reference_backup(module: str, target: str, package: Path = PACKAGE_DIR) -> Path:
+    """Where ``tinytrain export`` keeps the reference file of ``module``'s ``target`` it replaced."""
+    return package / BACKUP_DIR / module / "reference" / (target.replace("/", ".") + ".py.orig")
+
+
 def dotted(target: str) -> str:
     """``"nn/layers"`` -> ``"tinytrain.nn.layers"``."""
     return "tinytrain." + target.replace("/", ".")

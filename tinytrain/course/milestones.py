@@ -35,7 +35,7 @@ import numpy as np
 
 import tinytrain as tt
 from tinytrain.callbacks import Callback, CSVLogger, ModelCheckpoint
-from tinytrain.course.diagnose import blame, exported_stubs, reset_advice
+from tinytrain.course.diagnose import blame, exported_note, exported_stubs, reset_advice
 from tinytrain.data import DataLoader, TensorDataset, TokenWindows
 from tinytrain.nn.functional import cross_entropy
 from tinytrain.serialization import atomic_write
@@ -563,6 +563,9 @@ def main(name: str, argv: Sequence[str] | None = None) -> int:
     except Exception as error:
         culprit = blame(error)
         if culprit is None:
+            note = exported_note("the error")
+            if note:
+                print(f"note: {note}", file=sys.stderr)
             raise
         raise SystemExit(f"the milestone failed in {culprit}: {type(error).__name__}: {error}\n"
                          f"{reset_advice(culprit.module)}") from None
@@ -578,6 +581,9 @@ def main(name: str, argv: Sequence[str] | None = None) -> int:
     else:
         print(f"test accuracy {result['test_accuracy']:.4f} (pass mark {result['pass_mark']:.2f}): {verdict}; "
               f"trained in {result['train_seconds_this_run']:.1f}s")
+    note = None if result["passed"] else exported_note("missing the pass mark")
+    if note:
+        print(f"note: {note}")
     return 0 if result["passed"] else 1
 
 

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from tinytrain.course.imports import bound_names
 from tinytrain.course.inventory import PACKAGE_DIR, installed_modules
 
 # The stub the build puts in place of a solution region.
@@ -34,12 +35,47 @@ class ExportCell:
 
     @property
     def label(self) -> str:
-        return f"cell {self.number} (id {self.cell_id})" if self.cell_id else f"cell {self.number}"
+        return _label(self.number, self.cell_id)
+
+
+def _label(number: int, cell_id: str) -> str:
+    return f"cell {number} (id {cell_id})" if cell_id else f"cell {number}"
 
 
 def read_export_cells(notebook: str | os.PathLike) -> list[ExportCell]:
     """The ``export`` cells of a notebook file, in order; :class:`NotebookError` when unusable."""
     path = Path(notebook)
+    found = []
+    for number, cell, source in _code_cells(path):
+        target = (cell.get("metadata") or {}).get("export")
+        if not target:
+            continue
+        if not isinstance(target, str) or not all(part.isidentifier() for part in target.split("/")):
+            raise NotebookError(f"{path}: cell {number} has a malformed export target {target!r}")
+        found.append(ExportCell(target, source, number, str(cell.get("id", ""))))
+    return found
+
+
+def defined_outside_export_cells(notebook: str | os.PathLike, name: str) -> str | None:
+    """The first code cell that is not an export cell and binds ``name`` (defines, assigns or
+    imports it), as ``cell N (id ...)``; None if there is none.
+
+    The student ran that cell in Jupyter, so ``name`` works there; the grader and the library
+    see only export cells, where it is undefined.
+    """
+    for number, cell, source in _code_cells(Path(notebook)):
+        if (cell.get("metadata") or {}).get("export"):
+            continue
+        try:
+            if name in bound_names(source):
+                return _label(number, str(cell.get("id", "")))
+        except SyntaxError:  # IPython's %magics and !commands are not Python
+            continue
+    return None
+
+
+def _code_cells(path: Path) -> list[tuple[int, dict, str]]:
+    """``(number, cell, source)`` of every code cell, numbered among all cells from 1."""
     if path.is_dir():
         raise NotebookError(f"{path} is a folder; name the notebook file (e.g. {path / '01_tensor.ipynb'})")
     try:
@@ -59,15 +95,8 @@ def read_export_cells(notebook: str | os.PathLike) -> list[ExportCell]:
     for number, cell in enumerate(cells, 1):
         if not isinstance(cell, dict) or cell.get("cell_type") != "code":
             continue
-        target = (cell.get("metadata") or {}).get("export")
-        if not target:
-            continue
         source = cell.get("source", "")
-        if isinstance(source, list):
-            source = "".join(source)
-        if not isinstance(target, str) or not all(part.isidentifier() for part in target.split("/")):
-            raise NotebookError(f"{path}: cell {number} has a malformed export target {target!r}")
-        found.append(ExportCell(target, source, number, str(cell.get("id", ""))))
+        found.append((number, cell, "".join(source) if isinstance(source, list) else source))
     return found
 
 

@@ -35,7 +35,8 @@ from typing import Any
 
 from tinytrain.course.inventory import PACKAGE_DIR, dotted, module_targets, target_path
 from tinytrain.course.notebooks import (
-    ExportCell, NotebookError, compile_cells, compiled_name, notebook_module, read_export_cells,
+    ExportCell, NotebookError, compile_cells, compiled_name, defined_outside_export_cells, notebook_module,
+    read_export_cells,
 )
 
 class StudentCode:
@@ -62,11 +63,14 @@ class StudentCode:
     def __getattr__(self, name: str) -> Any:
         if name.startswith("_tt_"):
             raise AttributeError(name)
-        where = "the installed package" if self._tt_origin == "installed" else self._tt_origin
-        raise AttributeError(
-            f"module {self._tt_module}'s export cells define no {name!r} (in {where}); "
-            "was it deleted or renamed?"
-        )
+        installed = self._tt_origin == "installed"
+        cell = None if installed else defined_outside_export_cells(self._tt_origin, name)
+        if cell is not None:
+            raise AttributeError(f"{cell} of {self._tt_origin} defines {name!r}, but it is not an export cell (its "
+                                 "metadata lost export=...): the grader and your library run only export cells")
+        where = "the installed package" if installed else self._tt_origin
+        raise AttributeError(f"module {self._tt_module}'s export cells define no {name!r} (in {where}); "
+                             "was it deleted or renamed?")
 
     def __repr__(self) -> str:
         return f"<StudentCode of {self._tt_module} from {self._tt_origin}: {', '.join(self._tt_modules)}>"
