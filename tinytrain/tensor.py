@@ -519,17 +519,12 @@ def arange(start: float, stop: float | None = None, step: float = 1, dtype: Any 
     return Tensor(get_backend(device).xp.arange(start, stop, step), dtype=dtype)  # stop=None: start is the stop
 
 
-def _some_tensors(function: str, tensors: Sequence[Tensor]) -> list[Tensor]:
-    """``tensors`` as a list, which must not be empty: its first tensor picks the device."""
+def _some_operands(function: str, tensors: Sequence[Tensor]) -> list[Tensor]:
+    """``tensors``, which must not be empty, as operands on the first one's device, cast by ``_promoted``."""
     tensors = list(tensors)
     if not tensors:
         raise ValueError(f"{function} needs at least one tensor, got tensors={tensors!r}")
-    return tensors
-
-
-def _some_operands(function: str, tensors: Sequence[Tensor]) -> list[Tensor]:
-    """``tensors`` (not empty) as operands on the first one's device, cast by ``_promoted``."""
-    first, *rest = _some_tensors(function, tensors)
+    first, *rest = tensors
     return _promoted([first, *(first._operand(t) for t in rest)])
 
 

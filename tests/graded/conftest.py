@@ -58,6 +58,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         raise pytest.UsageError("tests/graded:\n" + "\n".join(problems))
 
 
+_NOT_LOADED: dict[tuple[str, str, int], str] = {}  # notebook, module, mtime -> why its export cells did not run
+
+
 @pytest.fixture
 def student(request: pytest.FixtureRequest):
     """The code of the module this test file checks (see the module docstring)."""
@@ -87,8 +90,6 @@ def student(request: pytest.FixtureRequest):
             raise
         yield code
 
-
-_NOT_LOADED: dict[tuple[str, str, int], str] = {}  # notebook, module, mtime -> why its export cells did not run
 
 
 @contextlib.contextmanager

@@ -10,9 +10,10 @@ message can say "your module 03, ``relu``: reset it with ``tinytrain reset 03``"
 from __future__ import annotations
 
 import ast
+import functools
+import traceback
 from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
 
 from tinytrain.course.inventory import PACKAGE_DIR, installed_modules, reference_backup, target_path
 from tinytrain.course.notebooks import stubs_in
@@ -80,8 +81,8 @@ def blame(error: BaseException | None, package: Path = PACKAGE_DIR) -> Blame | N
             owner = owners.get(Path(error.filename).resolve())
             if owner is not None:
                 return Blame(owner[0], Path(error.filename), error.lineno or 0, "<module>")
-        frames = [(Path(tb.tb_frame.f_code.co_filename).resolve(), tb.tb_lineno, tb.tb_frame.f_code.co_name)
-                  for tb in _walk(error.__traceback__)]
+        frames = [(Path(frame.f_code.co_filename).resolve(), line, frame.f_code.co_name)
+                  for frame, line in traceback.walk_tb(error.__traceback__)]
         for depth, (path, line, function) in enumerate(reversed(frames)):
             if not path.is_relative_to(package):
                 continue  # NumPy, the standard library, a test: whoever called it decides
@@ -94,21 +95,13 @@ def blame(error: BaseException | None, package: Path = PACKAGE_DIR) -> Blame | N
     return None
 
 
-def _walk(traceback: TracebackType | None) -> list[TracebackType]:
-    found = []
-    while traceback is not None:
-        found.append(traceback)
-        traceback = traceback.tb_next
-    return found
-
-
 def _differs_from_reference(path: Path, line: int, module: str, target: str, package: Path) -> bool:
     """Whether the function of exported file ``path`` around ``line`` is not the reference's own
     (module-level code, or no reference kept to compare with, counts as the student's)."""
     backup = reference_backup(module, target, package)
     if not backup.is_file():
         return True
-    exported, reference = _functions(path), _functions(backup)
+    exported, reference = _functions(path, path.stat().st_mtime_ns), _functions(backup, backup.stat().st_mtime_ns)
     around = [(name, node) for name, node in exported.items() if node.lineno <= line <= node.end_lineno]
     if not around:
         return True
@@ -116,8 +109,10 @@ def _differs_from_reference(path: Path, line: int, module: str, target: str, pac
     return name not in reference or ast.dump(reference[name]) != ast.dump(node)
 
 
-def _functions(path: Path) -> dict[str, ast.FunctionDef | ast.AsyncFunctionDef]:
-    """Every function in ``path`` by qualified name (``Sigmoid.backward``); {} if it does not parse."""
+@functools.lru_cache(maxsize=64)  # one grade or status run asks about the same files for every failing check
+def _functions(path: Path, mtime_ns: int) -> dict[str, ast.FunctionDef | ast.AsyncFunctionDef]:
+    """Every function in ``path`` (as of ``mtime_ns``) by qualified name (``Sigmoid.backward``);
+    {} if it does not parse."""
     try:
         tree = ast.parse(path.read_text(encoding="utf-8"))
     except (OSError, SyntaxError, ValueError):
