@@ -102,7 +102,7 @@ def test_a_notebook_that_does_not_load_runs_once_and_says_so_once(tmp_path: Path
     notebook = _notebook(tmp_path / "03_activations.ipynb", edit=("def relu(x: Tensor) -> Tensor:",
                                                                   "raise ValueError('half-written')\n\n\n"
                                                                   "def relu(x: Tensor) -> Tensor:"))
-    assert main(["grade", "03", "--notebook", str(notebook), "--root", str(ROOT)]) == 1
+    assert main(["grade", "03", "--notebook", str(notebook), "--root", str(ROOT), "--sandbox", "none"]) == 1
     out = capsys.readouterr().out
     assert len(runs) == 1
     assert out.count("running the cell raised ValueError: half-written") == 1 and "Total: 0/12 points" in out
@@ -212,7 +212,7 @@ def test_doctor(capsys) -> None:
     status = main(["doctor"])
     out = capsys.readouterr().out
     assert "[ ok ] Python 3." in out and "NumPy" in out and "CuPy" in out and "Jupyter kernel" in out
-    assert "dataset cache" in out and "tinytrain package at" in out
+    assert "dataset cache" in out and "tinytrain package at" in out and "grading sandbox: " in out
     assert status == (1 if "[FAIL]" in out else 0)
 
 

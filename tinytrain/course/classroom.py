@@ -1,11 +1,15 @@
 """Grading a class: every student's notebook of one module into a gradebook.
 
-Each notebook is graded by ``tinytrain grade NN --notebook ... --json`` in a
-process of its own, with a time limit, so one broken submission (an endless
-loop, a crash of the interpreter, code that changes global state) cannot
-affect another's grade. The gradebook is written twice: a CSV with one row per
-student and check (``student, check, points, earned, outcome, error``) and a
-JSON list with one entry per student, every check's message included.
+Each notebook is graded in a sandbox of its own (:mod:`tinytrain.course.sandbox`:
+bubblewrap where it works, else resource limits and a scratch copy), with time,
+memory, output and process limits, and its verdict is taken from outside the
+student's process, so one broken or hostile submission (an endless loop, a crash,
+a forged report, code that writes files or starts daemons) earns its own 0 and
+cannot affect another's grade. The gradebook is written twice: a CSV with one row
+per student and check (``student, check, points, earned, outcome, error,
+sandbox``) and a JSON list with one entry per student, every check's message
+included. Messages are cut short, and a CSV cell that a spreadsheet would read as
+a formula is quoted.
 
 Submissions are found in a folder either as ``<student>.ipynb`` or, as
 nbgrader collects them, as ``<student>/.../NN_name.ipynb``.
@@ -15,15 +19,14 @@ from __future__ import annotations
 import csv
 import io
 import json
-import subprocess
-import sys
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 from tinytrain.course.files import write_atomic
+from tinytrain.course.sandbox import Limits, clean, expected_checks, grade_isolated, resolve_sandbox
 
-CSV_COLUMNS = ("student", "check", "points", "earned", "outcome", "error")
+CSV_COLUMNS = ("student", "check", "points", "earned", "outcome", "error", "sandbox")
 
 
 @dataclass(frozen=True)
@@ -62,36 +65,23 @@ def find_submissions(folder: Path, module: str) -> list[Submission]:
     return [Submission(student, path) for student, path in sorted(found.items())]
 
 
-def grade_submission(root: Path, module: str, submission: Submission, timeout: float) -> dict:
-    """One student's grade, from a ``tinytrain grade`` run in a process of its own."""
-    command = [sys.executable, "-m", "tinytrain", "grade", module[:2], "--notebook", str(submission.notebook),
-               "--json", "--root", str(root)]
-    entry = {"student": submission.student, "notebook": str(submission.notebook)}
-    try:
-        result = subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=root)
-    except subprocess.TimeoutExpired:
-        return {**entry, "earned": 0, "possible": None, "checks": [],
-                "errors": [f"grading stopped after {timeout:g} s (an endless loop at import?)"]}
-    try:
-        report = json.loads(result.stdout)
-    except json.JSONDecodeError:
-        tail = (result.stderr or result.stdout).strip()[-1500:]
-        return {**entry, "earned": 0, "possible": None, "checks": [],
-                "errors": [f"the grader stopped with exit status {result.returncode}: {tail}"]}
-    return {**entry, "earned": report["earned"], "possible": report["possible"], "checks": report["checks"],
-            "errors": report["errors"]}
+def grade_submission(root: Path, module: str, submission: Submission, sandbox: str = "auto",
+                     limits: Limits = Limits(), expected: dict[str, dict] | None = None) -> dict:
+    """One student's grade, from a grading in ``sandbox`` (see :func:`tinytrain.course.sandbox.grade_isolated`)."""
+    report = grade_isolated(root, module, submission.notebook, sandbox, limits, expected)
+    return {"student": submission.student, "notebook": str(submission.notebook), "earned": report.earned,
+            "possible": report.possible, "checks": [check.as_dict() for check in report.checks],
+            "errors": report.errors, "sandbox": report.sandbox}
 
 
-def grade_class(root: Path, module: str, folder: Path, jobs: int = 2, timeout: float = 600) -> list[dict]:
-    """Every submission's grade; a submission whose grader failed gets 0 of the class's possible points."""
+def grade_class(root: Path, module: str, folder: Path, jobs: int = 2, sandbox: str = "auto",
+                limits: Limits = Limits()) -> list[dict]:
+    """Every submission's grade, each graded alone in ``sandbox`` within ``limits``."""
     submissions = find_submissions(folder, module)
+    sandbox = resolve_sandbox(sandbox)  # once for the class, and before any grading starts
+    expected = expected_checks(root, module)  # here: pytest collects in the main thread only
     with ThreadPoolExecutor(max(1, jobs)) as pool:
-        grades = list(pool.map(lambda s: grade_submission(root, module, s, timeout), submissions))
-    possible = next((grade["possible"] for grade in grades if grade["possible"]), None)
-    for grade in grades:
-        if grade["possible"] is None:
-            grade["possible"] = possible
-    return grades
+        return list(pool.map(lambda s: grade_submission(root, module, s, sandbox, limits, expected), submissions))
 
 
 def csv_text(grades: list[dict]) -> str:
@@ -100,12 +90,20 @@ def csv_text(grades: list[dict]) -> str:
     writer = csv.writer(out, lineterminator="\n")
     writer.writerow(CSV_COLUMNS)
     for grade in grades:
-        for error in grade["errors"]:
-            writer.writerow((grade["student"], "(notebook)", "", "", "error", error))
-        for check in grade["checks"]:
-            writer.writerow((grade["student"], check["name"], check["points"], check["earned"], check["outcome"],
-                             check["message"] if check["outcome"] != "passed" else ""))
+        rows = [(grade["student"], "(notebook)", "", "", "error", error) for error in grade["errors"]]
+        rows += [(grade["student"], check["name"], check["points"], check["earned"], check["outcome"],
+                  check["message"] if check["outcome"] != "passed" else "") for check in grade["checks"]]
+        writer.writerows([(*map(_cell, row), _cell(grade["sandbox"])) for row in rows])
     return out.getvalue()
+
+
+def _cell(value: object) -> object:
+    """``value`` for a CSV cell: text cut short, and quoted with ``'`` where a spreadsheet would
+    read it as a formula (it starts with = + - @, a tab or a carriage return)."""
+    if not isinstance(value, str):
+        return value
+    text = clean(value)
+    return "'" + text if text[:1] in ("=", "+", "-", "@", "\t", "\r") else text
 
 
 def write_gradebook(grades: list[dict], prefix: Path) -> tuple[Path, Path]:

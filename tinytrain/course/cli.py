@@ -2,13 +2,15 @@
 
     tinytrain build [--check] [--force]        notebooks and library files from modules/
     tinytrain grade NN [--notebook P] [--json] module NN's graded checks on the student's notebook
-                                               (--installed: on the code installed in the package)
+                                               (--installed: on the code installed in the package;
+                                               --notebook P: in a sandbox, see --sandbox)
     tinytrain export NN [--notebook P]         the notebook's code into the installed package (--force: with stubs)
     tinytrain reset NN | --all                 the reference code back into the package
     tinytrain status                           per module: whose code is installed, do its checks pass
     tinytrain milestone mlp|cnn|gpt [options]  train a real model end to end
     tinytrain doctor                           check the installation; a fix for each problem
-    tinytrain grade-class NN FOLDER            for instructors: a folder of notebooks into a gradebook (CSV, JSON)
+    tinytrain grade-class NN FOLDER            for instructors: a folder of notebooks into a gradebook (CSV, JSON),
+                                               each notebook in a sandbox (--sandbox auto|bwrap|rlimit|none)
     tinytrain mutants NN [--jobs N]            for instructors: wrong versions the graded checks miss
 
 Each subcommand is a function ``_name(args) -> int`` plus one ``_command(...)`` line in
@@ -172,9 +174,18 @@ def _grade(args: argparse.Namespace) -> int:
             raise UsageError(f"{notebook} is the notebook of module {belongs}, not {module}; "
                              f"grade it with `tinytrain grade {belongs[:2]}`")
     _require("pytest", "tinytrain grade")
-    # Anything the student's code prints outside the checks goes to stderr: stdout is the JSON alone.
-    with contextlib.redirect_stdout(sys.stderr) if args.json else contextlib.nullcontext():
-        report = grading.grade(module, root, notebook)
+    sandbox = args.sandbox or ("auto" if args.notebook is not None else "none")
+    if sandbox != "none" and notebook is not None:
+        from tinytrain.course import sandbox as sandboxes
+
+        try:
+            report = sandboxes.grade_isolated(root, module, notebook, sandbox)
+        except (ValueError, RuntimeError) as error:
+            raise UsageError(str(error)) from None
+    else:
+        # Anything the student's code prints outside the checks goes to stderr: stdout is the JSON alone.
+        with contextlib.redirect_stdout(sys.stderr) if args.json else contextlib.nullcontext():
+            report = grading.grade(module, root, notebook)
     if args.json:
         print(json.dumps(report.as_dict(), indent=2))
     else:
@@ -373,15 +384,19 @@ def _grade_class(args: argparse.Namespace) -> int:
         raise UsageError(f"module {module} has no graded checks (tests/graded/test_{module}.py)")
     _require("pytest", "tinytrain grade-class")
     try:
-        grades = classroom.grade_class(root, module, Path(args.folder), jobs=args.jobs, timeout=args.timeout)
-    except ValueError as error:
+        limits = classroom.Limits(seconds=args.timeout, memory=int(args.memory * 2**30))
+        grades = classroom.grade_class(root, module, Path(args.folder), jobs=args.jobs, sandbox=args.sandbox,
+                                       limits=limits)
+    except (ValueError, RuntimeError) as error:
         raise UsageError(str(error)) from None
     csv_path, json_path = classroom.write_gradebook(grades, Path(args.out or f"gradebook-{module}"))
     width = max(len(grade["student"]) for grade in grades)
     for grade in grades:
         problem = f"  ({grade['errors'][0].splitlines()[0][:100]})" if grade["errors"] else ""
         print(f"{grade['student']:<{width}}  {grade['earned']:>3}/{grade['possible']}{problem}")
-    print(f"{len(grades)} notebooks of module {module} graded; gradebook: {_shown(csv_path)}, {_shown(json_path)}")
+    sandbox = grades[0]["sandbox"]
+    print(f"{len(grades)} notebooks of module {module} graded, each in a sandbox ({sandbox}); gradebook: "
+          f"{_shown(csv_path)}, {_shown(json_path)}")
     return 0
 
 
@@ -499,6 +514,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                               help="grade the code installed in the package instead")
     grade_parser.add_argument("--json", action="store_true",
                               help='print {"module", "earned", "possible", "checks"} as JSON')
+    grade_parser.add_argument("--sandbox", choices=("auto", "bwrap", "rlimit", "none"),
+                              help="where the notebook's code runs: auto (bubblewrap where it works, else limits), "
+                                   "bwrap, rlimit, or none (in this process: your own work, at full speed); "
+                                   "default: none for your notebook, auto for --notebook PATH")
     export_parser = _command(commands, "export", _export, "write your notebook's code for module NN into the package")
     export_parser.add_argument("module", metavar="NN", help=module_help)
     export_parser.add_argument("--notebook", metavar="PATH",
@@ -520,6 +539,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                                                               "(default: gradebook-NN_name)")
     class_parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="notebooks graded at once")
     class_parser.add_argument("--timeout", type=float, default=600, help="seconds per notebook (default 600)")
+    class_parser.add_argument("--memory", type=float, default=4, help="GiB of memory per process (default 4)")
+    class_parser.add_argument("--sandbox", choices=("auto", "bwrap", "rlimit", "none"), default="auto",
+                              help="auto (default): bubblewrap where it works, else rlimit (limits, a scratch copy); "
+                                   "none: a plain process per notebook (trusted notebooks only)")
     mutants_parser = _command(commands, "mutants", _mutants,
                               "for instructors: grade one-change mutants of module NN's reference; list the survivors")
     mutants_parser.add_argument("module", metavar="NN", help=module_help)

@@ -38,7 +38,7 @@ class Finding(NamedTuple):
 def doctor(root: Path | None) -> list[Finding]:
     """Every check of ``tinytrain doctor``, in order."""
     checks = (_check_python, _check_numpy, _check_cupy, _check_install, _check_library, _check_training,
-              _check_tools, _check_kernel, _check_data)
+              _check_tools, _check_kernel, _check_data, _check_sandbox)
     findings: list[Finding] = []
     for check in checks:
         try:
@@ -243,3 +243,16 @@ def _check_data(root: Path | None) -> list[Finding]:
         return [Finding("FAIL", f"dataset cache {folder} is not writable: {error}", fix)]
     source = "$TINYTRAIN_DATA" if configured else "default"
     return [Finding("ok", f"dataset cache {folder} ({source}) is writable; Digits needs no download")]
+
+
+def _check_sandbox(root: Path | None) -> list[Finding]:
+    """Where ``grade-class`` runs each submission (see tinytrain.course.sandbox)."""
+    from tinytrain.course.sandbox import bwrap_status
+
+    works, why = bwrap_status()
+    if works:
+        return [Finding("ok", f"grading sandbox: bubblewrap ({why}): grade-class runs each notebook in namespaces "
+                              "of its own, with limits")]
+    return [Finding("info", f"grading sandbox: {why}; grade-class falls back to limits and a scratch copy, which "
+                            "cannot hide the instructor's files from a hostile submission",
+                    "install bubblewrap (Debian/Ubuntu: apt install bubblewrap) for a real sandbox")]

@@ -53,6 +53,7 @@ class GradeReport:
     checks: list[CheckResult]
     errors: list[str] = field(default_factory=list)  # collection errors, a notebook that does not load
     notes: list[str] = field(default_factory=list)  # what else may explain a failure (see grade)
+    sandbox: str | None = None  # where the notebook's code ran (tinytrain.course.sandbox); None: in this process
 
     @property
     def earned(self) -> int:
@@ -69,7 +70,7 @@ class GradeReport:
     def as_dict(self) -> dict[str, Any]:
         return {"module": self.module, "notebook": self.notebook, "earned": self.earned,
                 "possible": self.possible, "checks": [check.as_dict() for check in self.checks],
-                "errors": self.errors, "notes": self.notes}
+                "errors": self.errors, "notes": self.notes, "sandbox": self.sandbox}
 
 
 class Collector:
@@ -115,17 +116,27 @@ class Collector:
             result.cause = culprit
 
     def pytest_runtest_logreport(self, report: Any) -> None:
-        result = self.results.get(report.nodeid)
+        message = _failure_message(report) if report.failed else _skip_reason(report) if report.skipped else ""
+        self.record(report.nodeid, report.when, report.outcome, message)
+
+    def record(self, nodeid: str, when: str, outcome: str, message: str) -> CheckResult | None:
+        """Count one phase (``when``: setup, call or teardown) of a check: a check passes when its
+        call passes and no phase fails; skipped in setup or call, it earns nothing and costs nothing."""
+        result = self.results.get(nodeid)
         if result is None or result.outcome == "failed":
-            return
-        if report.failed:
-            result.outcome = "failed"
-            result.message = _failure_message(report)
-        elif report.skipped and report.when in ("setup", "call"):
-            result.outcome = "skipped"
-            result.message = _skip_reason(report)
-        elif report.passed and report.when == "call":
+            return result
+        if outcome == "failed":
+            result.outcome, result.message = "failed", message
+        elif outcome == "skipped" and when in ("setup", "call"):
+            result.outcome, result.message = "skipped", message
+        elif outcome == "passed" and when == "call":
             result.outcome = "passed"
+        return result
+
+    @staticmethod
+    def result_from(fields: dict[str, Any]) -> CheckResult:
+        """A fresh copy of a collected check's result (its fields as ``dataclasses.asdict`` gives them)."""
+        return CheckResult(**{**fields, "after": tuple(fields["after"]), "blocked_by": list(fields["blocked_by"])})
 
     def report(self, module: str) -> GradeReport:
         failed = {result.name.partition("[")[0] for result in self.results.values() if result.outcome == "failed"}
@@ -177,14 +188,17 @@ def notebook_option(config: Any) -> str | None:
 
 
 def run_checks(test_files: Sequence[Path], notebook: str | os.PathLike | None = None,
-               root: Path | None = None, stop_at_first_failure: bool = False) -> Collector:
+               root: Path | None = None, stop_at_first_failure: bool = False, collect_only: bool = False,
+               plugins: Sequence[Any] = (), confcutdir: Path | None = None) -> Collector:
     """Run graded test files in-process with pytest; the Collector holds the results.
 
     pytest's own output is swallowed (the Collector keeps what matters). Modules the run
     imports from the test folder are forgotten afterwards, so runs can repeat in a process.
     A test file that does not load is an error of the run; the other files' checks still run.
     ``stop_at_first_failure`` leaves the checks after a failing one unrun: for a caller
-    that only asks whether anything fails.
+    that only asks whether anything fails. ``collect_only``: find the checks, run none
+    (every result stays "unrun"). ``plugins`` run beside the Collector; conftest files are
+    read from ``confcutdir`` down (default: the test files' folder, when they share one).
     """
     import pytest
 
@@ -196,9 +210,13 @@ def run_checks(test_files: Sequence[Path], notebook: str | os.PathLike | None = 
         args += ["--rootdir", str(root)]
     if stop_at_first_failure:
         args.append("-x")
+    if collect_only:
+        args.append("--collect-only")
     # Only the graded folder's conftest: the test suite's (tests/conftest.py) needs test-only packages.
     folders = sorted({str(Path(path).resolve().parent) for path in test_files})
-    if len(folders) == 1:
+    if confcutdir is not None:
+        args += ["--confcutdir", str(confcutdir)]
+    elif len(folders) == 1:
         args += ["--confcutdir", folders[0]]
     # Test modules are imported under their file names (pytest's default import mode): set
     # aside same-named modules of an earlier or enclosing run, and put them back afterwards.
@@ -209,7 +227,7 @@ def run_checks(test_files: Sequence[Path], notebook: str | os.PathLike | None = 
     hook, sys.breakpointhook = sys.breakpointhook, _no_breakpoint
     try:
         with contextlib.redirect_stdout(output), contextlib.redirect_stderr(output):
-            status = pytest.main(args, plugins=[collector])
+            status = pytest.main(args, plugins=[collector, *plugins])
     finally:
         sys.breakpointhook = hook
         for name in set(sys.modules) - before:
