@@ -66,6 +66,7 @@ def test_a_step_is_recorded_nested_with_flops_and_bytes(device):
     step = prof.events[0]
     assert sum(e.self_ns for e in prof.events) == step.duration_ns
     assert all(e.end_ns is not None and e.thread == threading.get_ident() for e in prof.events)
+    assert all(e.owner is None for e in prof.events), "a closed event keeps no op (nor its saved arrays) alive"
 
 
 def test_without_a_profile_nothing_is_wrapped_and_nothing_recorded():

@@ -47,8 +47,9 @@ class Event:
     ``parent`` is the event it is nested in (None at the top), ``children_ns`` the total time of
     the events nested directly inside it. ``flops``, ``nbytes`` (bytes of the arrays it created)
     and ``shapes`` (its inputs' shapes) are filled in by the recording when it knows them.
-    ``owner`` is the object that ran it (a Function, a Module), so a method that calls its
-    parent class's version is recorded once.
+    ``owner`` is the object that runs it (a Function, a Module) while it is open, so that a
+    method that calls its parent class's version is recorded once; it is cleared when the event
+    closes, so a profile keeps no graph alive.
     """
     name: str
     category: str
@@ -217,6 +218,7 @@ class _Wrapping:
                 _synchronize(fn.backend)
             finally:
                 wrapping.recorder.stop(event)
+                event.owner = None  # the profile must not keep the op, its inputs and its saved arrays alive
             event.flops = op_flops(name, shapes, _shape(out))
             fn._profiled_backward_flops = op_flops(name, shapes, _shape(out), backward=True)
             if wrapping.profile_memory:
@@ -241,6 +243,7 @@ class _Wrapping:
                 _synchronize(fn.backend)
             finally:
                 wrapping.recorder.stop(event)
+                event.owner = None
             event.flops = flops
             if wrapping.profile_memory:
                 event.nbytes = _new_arrays(fn.backend, grads, passed_on=grad)
@@ -262,6 +265,7 @@ class _Wrapping:
                 return original(module, *args, **kwargs)
             finally:
                 wrapping.recorder.stop(event)
+                event.owner = None
 
         self.replace(cls, "__call__", __call__)
 

@@ -135,8 +135,9 @@ class Event:
     ``parent`` is the event it is nested in (None at the top), ``children_ns`` the total time of
     the events nested directly inside it. ``flops``, ``nbytes`` (bytes of the arrays it created)
     and ``shapes`` (its inputs' shapes) are filled in by the recording when it knows them.
-    ``owner`` is the object that ran it (a Function, a Module), so a method that calls its
-    parent class's version is recorded once.
+    ``owner`` is the object that runs it (a Function, a Module) while it is open, so that a
+    method that calls its parent class's version is recorded once; it is cleared when the event
+    closes, so a profile keeps no graph alive.
     """
     name: str
     category: str
@@ -217,7 +218,7 @@ class EventRecorder:
 
 
 # %% check=2
-ticks = iter([0, 1_000, 7_000, 8_000, 9_000, 10_000, 11_000, 12_000])
+ticks = iter([0, 1_000, 7_000, 8_000, 9_000, 10_000, 11_000, 12_000, 13_000, 14_000])
 recorder = EventRecorder(clock=lambda: next(ticks))
 module = recorder.start("nn.Block", "module")
 matmul = recorder.start("MatMul", "op")
@@ -228,12 +229,21 @@ recorder.stop(module)
 assert [e.name for e in recorder.events] == ["nn.Block", "MatMul", "Add"], "events in the order they started"
 assert (module.duration_ns, module.self_ns) == (10_000, 3_000), (module.duration_ns, module.self_ns)
 assert (matmul.self_ns, add.self_ns) == (6_000, 1_000)
-inner = recorder.start("outer", "region"), recorder.start("inner", "region")
+outer, inner = recorder.start("outer", "region"), recorder.start("inner", "op")
 try:
-    recorder.stop(inner[0])
+    recorder.stop(outer)
     raise AssertionError("stopping an event that is not the innermost open one must raise")
 except RuntimeError as error:
     print("refused:", error)
+    assert "outer" in str(error) and "inner" in str(error), "the message names both events"
+assert outer.end_ns is None and recorder.open_events() == [outer, inner], "a refused stop changes nothing"
+recorder.stop(inner), recorder.stop(outer)
+in_thread = {}
+recorder = EventRecorder()
+main = recorder.start("main", "region")
+worker = threading.Thread(target=lambda: in_thread.update(event=recorder.start("worker", "op")))
+worker.start(), worker.join()
+assert in_thread["event"].parent is None, "each thread nests its own events: use self.open_events()"
 print("EventRecorder OK: self times", module.self_ns, matmul.self_ns, add.self_ns)
 
 # %% [markdown]
@@ -304,6 +314,7 @@ assert op_flops("MatMul", [(2, 4, 5, 8), (2, 4, 8, 5)], (2, 4, 5, 5)) == 2 * 2 *
 assert op_flops("Conv2dFunction", [(8, 3, 10, 10), (16, 3, 3, 3)], (8, 16, 8, 8)) == 2 * 8 * 16 * 8 * 8 * 27
 assert op_flops("Add", [(4, 5), (5,)], (4, 5)) == 20 and op_flops("Sum", [(4, 5)], ()) == 20
 assert op_flops("Transpose", [(4, 5)], (5, 4)) == 0 and op_flops("ReLU", [(7,)], (7,), backward=True) == 7
+assert type(op_flops("MatMul", [(3, 2), (2, 5)], (3, 5))) is int, "a Python int"
 print("op_flops OK")
 
 # %% [markdown]
@@ -415,6 +426,7 @@ class _Wrapping:
                 _synchronize(fn.backend)
             finally:
                 wrapping.recorder.stop(event)
+                event.owner = None  # the profile must not keep the op, its inputs and its saved arrays alive
             event.flops = op_flops(name, shapes, _shape(out))
             fn._profiled_backward_flops = op_flops(name, shapes, _shape(out), backward=True)
             if wrapping.profile_memory:
@@ -439,6 +451,7 @@ class _Wrapping:
                 _synchronize(fn.backend)
             finally:
                 wrapping.recorder.stop(event)
+                event.owner = None
             event.flops = flops
             if wrapping.profile_memory:
                 event.nbytes = _new_arrays(fn.backend, grads, passed_on=grad)
@@ -460,6 +473,7 @@ class _Wrapping:
                 return original(module, *args, **kwargs)
             finally:
                 wrapping.recorder.stop(event)
+                event.owner = None
 
         self.replace(cls, "__call__", __call__)
 
@@ -591,6 +605,7 @@ assert names[:3] == [("region", "step"), ("module", "nn.Sequential"), ("module",
 assert ("op", "LinearFunction") in names and ("backward", "LinearFunction.backward") in names, names
 linear_op = next(e for e in prof.events if e.name == "LinearFunction")
 assert linear_op.parent.name == "nn.Linear" and linear_op.parent.parent.name == "nn.Sequential"
+assert linear_op.flops == 2 * 2 * 3 * 4, "op_flops of Linear(3, 4) on 2 samples"
 assert all(e.parent.name == "step" for e in prof.events if e.category == "backward"), "backward runs in the region"
 assert type(layer).__call__ is nn.Module.__call__ and "_profiled" not in vars(tt.ops.MatMul.forward), \
     "the originals are back after the profile"
@@ -783,10 +798,11 @@ def trace_events(events: Iterable[Event], origin_ns: int, pid: int) -> list[dict
 
 
 # %% check=2
-traced = trace_events([closed("nn.Linear", 5_000, 17_000, category="module"), closed("MatMul", 6_000, 12_000,
-                                                                                   flops=96)], 5_000, pid=7)
+matmul = closed("MatMul", 6_000, 12_000, flops=96)
+matmul.shapes = [(2, 3), (3, 4)]
+traced = trace_events([closed("nn.Linear", 5_000, 17_000, category="module"), matmul], 5_000, pid=7)
 assert traced[1] == {"name": "MatMul", "cat": "op", "ph": "X", "ts": 1.0, "dur": 6.0, "pid": 7, "tid": 1,
-                     "args": {"flops": 96, "bytes": 0}}, traced[1]
+                     "args": {"flops": 96, "bytes": 0, "input shapes": [[2, 3], [3, 4]]}}, traced[1]
 assert traced[0]["ts"] == 0.0 and traced[0]["dur"] == 12.0 and traced[0]["cat"] == "module", traced[0]
 print("trace_events OK")
 
@@ -982,6 +998,8 @@ assert graph_saved_bytes(y) == 2 * 32 * 128 * 4, graph_saved_bytes(y)
 z = y.reshape(64, 64) * 2.0  # a view of y's memory: nothing new but the product
 assert graph_saved_bytes(z) == 2 * 32 * 128 * 4, "a view counts its base once"
 assert graph_saved_bytes(x) == 0 and graph_saved_bytes(tt.randn(3) * 2) == 0, "no graph, no bytes"
+h = x @ w.T
+assert graph_saved_bytes((h * h + h).sum()) == 3 * 32 * 128 * 4, "h, h * h and h * h + h, each block once"
 print("graph_saved_bytes OK:", graph_saved_bytes(y), "bytes")
 
 # %% [markdown]
@@ -1287,6 +1305,15 @@ for family in ("LinearFunction", "MatMul", "GELUTanh", "MaskedSoftmax"):
 # * **module and region rows with a large self time**: Python between the ops
 #   (the engine's bookkeeping, the optimizer's loop over parameters). Here the
 #   ops' self times cover almost all of the step.
+#
+# A product far below the peak has one more suspect on a CPU: **BLAS
+# threads**. NumPy's BLAS splits a product over threads; on a machine whose
+# cores are busy with other work, the threads wait for each other, and
+# mid-sized products (attention's, a $256 \times 256$ GEMM) can run a hundred
+# times slower than on one thread. Timed on the machine this was written on, while
+# it was shared: attention's batched products ran at 0.04 GFLOP/s with two BLAS
+# threads and 6 GFLOP/s with one (`OPENBLAS_NUM_THREADS=1`, or `threadpoolctl`).
+# The profile shows *where*; a benchmark of that one op under both settings shows *why*.
 #
 # The hot spot decides the next move: a product far from the peak wants larger
 # or fewer products (a bigger batch, fused heads); an elementwise op wants

@@ -73,17 +73,18 @@ def test_recorder_nesting_and_self_time(student):
 def test_recorder_refuses_and_threads(student):
     recorder = student.EventRecorder(clock=fake_clock())
     outer = recorder.start("outer-region", "region")
+    middle = recorder.start("middle-module", "module")
     inner = recorder.start("inner-op", "op")
-    expect_raises(RuntimeError, lambda: recorder.stop(outer), "stop(outer) while inner-op is open",
-                  mentions=("outer-region", "inner-op"))
-    expect_equal((outer.end_ns, inner.end_ns, outer.children_ns, recorder.open_events() == [outer, inner]),
+    expect_raises(RuntimeError, lambda: recorder.stop(outer), "stop(outer-region) while middle-module and inner-op "
+                  "are open (the innermost is inner-op)", mentions=("outer-region", "inner-op"))
+    expect_equal((outer.end_ns, inner.end_ns, outer.children_ns, recorder.open_events() == [outer, middle, inner]),
                  (None, None, 0, True), "(outer.end_ns, inner.end_ns, outer.children_ns, stack unchanged) after "
                  "the refused stop")
-    recorder.stop(inner)
-    recorder.stop(outer)
+    for event in (inner, middle, outer):
+        recorder.stop(event)
     expect_raises(RuntimeError, lambda: recorder.stop(outer), "stop(outer) a second time, with no event open",
                   mentions=("outer-region",))
-    expect_equal(outer.end_ns, 3000, "end_ns of an event after a refused second stop")
+    expect_equal(outer.end_ns, 5000, "end_ns of an event after a refused second stop")
 
     recorder = student.EventRecorder()
     main = recorder.start("main", "region")
@@ -255,6 +256,38 @@ def test_mfu(student):
 
 # -- memory -------------------------------------------------------------------------------------
 
+class Visits(tuple):
+    """A tuple that counts how often it is iterated: how often the graph walk looks at its holder."""
+    count = 0
+
+    def __iter__(self):
+        Visits.count += 1
+        return super().__iter__()
+
+
+class Holds(Function):
+    """The identity; keeps one 2-number float32 array in a ``Visits`` tuple."""
+
+    def forward(self, a):
+        self.kept = Visits((self.xp.ones(2, dtype=self.xp.float32),))
+        return a
+
+    def backward(self, grad):
+        return (grad,)
+
+
+def visits_of_a_diamond_chain(student, depth):
+    """How often graph_saved_bytes looks at an op that 2**depth paths reach."""
+    x = Holds.apply(tt.randn(3, requires_grad=True))
+    for _ in range(depth):
+        x = x + x  # both inputs of each Add are the same tensor: the number of paths doubles
+    Visits.count = 0
+    saved = student.graph_saved_bytes(x)
+    expect_equal(saved, 8 + depth * 12 - 12 if depth else 8,
+                 f"graph_saved_bytes of {depth} doublings x = x + x of a 3-number op that keeps 8 bytes")
+    return Visits.count
+
+
 class SavesExtras(Function):
     """Doubles its input; keeps a list of two arrays, a 100-number block through a 10-number view,
     and a leaf tensor (whose memory the graph does not own)."""
@@ -297,6 +330,9 @@ def test_graph_saved_bytes(student):
                      f"numbers), a view of a 100-number float32 block and a leaf tensor, on {device}")
         expect_equal(student.graph_saved_bytes(x), 0, f"graph_saved_bytes of a leaf (no graph) on {device}")
         expect_equal(student.graph_saved_bytes(w * 1.0), 0, f"graph_saved_bytes of w * 1.0 (it keeps leaves only)")
+    once, many = visits_of_a_diamond_chain(student, 1), visits_of_a_diamond_chain(student, 6)
+    expect_equal(many, once, "how often the walk looks at an op reached by 64 paths (expected: as often as when "
+                             "2 paths reach it; visit each Function once)")
 
 
 # -- timing ---------------------------------------------------------------------------------------
