@@ -155,6 +155,15 @@ def test_threads_record_their_own_nesting():
     assert main.children_ns == 0
 
 
+def test_the_recorder_refuses_to_stop_an_event_when_none_is_open():
+    recorder = profiler.EventRecorder()
+    event = recorder.stop(recorder.start("region", "region"))
+    end = event.end_ns
+    with pytest.raises(RuntimeError, match=r"stop\('region'\): .*none is open"):
+        recorder.stop(event)
+    assert event.end_ns == end and recorder.open_events() == []
+
+
 def test_record_function_as_a_decorator_and_its_name_checked():
     @profiler.record_function("helper")
     def helper():

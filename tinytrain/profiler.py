@@ -48,8 +48,9 @@ class Event:
     the events nested directly inside it. ``flops``, ``nbytes`` (bytes of the arrays it created)
     and ``shapes`` (its inputs' shapes) are filled in by the recording when it knows them.
     ``owner`` is the object that runs it (a Function, a Module) while it is open, so that a
-    method that calls its parent class's version is recorded once; it is cleared when the event
-    closes, so a profile keeps no graph alive.
+    method that calls its parent class's version is recorded once. The recorder never touches
+    it: the profile's wrappers set it after ``start`` and clear it after ``stop``, so a profile
+    keeps no graph alive.
     """
     name: str
     category: str
@@ -111,13 +112,17 @@ class EventRecorder:
         return event
 
     def stop(self, event: Event) -> Event:
-        """Close ``event``, which must be this thread's innermost open event (else
-        ``RuntimeError`` naming both events, nothing changed): stamp ``end_ns = self.clock()``,
-        pop it, add its duration to its parent's ``children_ns`` (when it has a parent). Returns it."""
+        """Close ``event``: stamp ``end_ns = self.clock()``, pop it off this thread's stack, add
+        its duration to its parent's ``children_ns`` (when it has a parent). Returns it.
+
+        ``event`` must be this thread's innermost open event. Otherwise raise ``RuntimeError``
+        before changing anything (no clock reading either), naming ``event`` and the innermost
+        open event -- or, when no event is open (``event`` already stopped, say), naming
+        ``event`` and saying that none is open."""
         stack = self.open_events()
         if not stack or stack[-1] is not event:
-            innermost = stack[-1].name if stack else "none"
-            raise RuntimeError(f"stop({event.name!r}): it is not the innermost open event (that is {innermost})")
+            innermost = repr(stack[-1].name) if stack else "none is open in this thread"
+            raise RuntimeError(f"stop({event.name!r}): it is not the innermost open event ({innermost})")
         event.end_ns = self.clock()
         stack.pop()
         if event.parent is not None:

@@ -80,8 +80,11 @@ from tinytrain import nn
 # the stack) and pushes it; `stop` stamps its end, pops it, and adds its
 # duration to its parent's `children_ns` — so that, when the parent stops, its
 # self time is `duration_ns - children_ns`. Events must close in the reverse
-# order they opened (a `with` block does that by itself): stopping an event that
-# is not the innermost open one is a bug in the caller, and `stop` says so.
+# order they opened (a `with` block does that by itself). Stopping any other
+# event is a bug in the caller, and `stop` says so with a `RuntimeError` before
+# it changes anything: an event that is not the innermost open one (the message
+# names it and the innermost), or any event when none is open — an event that
+# already stopped, say (the message names it and says that none is open).
 #
 # Times are integers of nanoseconds from `time.perf_counter_ns()` (a float of
 # seconds would lose the last digits of a long run); the recorder takes its
@@ -136,8 +139,9 @@ class Event:
     the events nested directly inside it. ``flops``, ``nbytes`` (bytes of the arrays it created)
     and ``shapes`` (its inputs' shapes) are filled in by the recording when it knows them.
     ``owner`` is the object that runs it (a Function, a Module) while it is open, so that a
-    method that calls its parent class's version is recorded once; it is cleared when the event
-    closes, so a profile keeps no graph alive.
+    method that calls its parent class's version is recorded once. The recorder never touches
+    it: the profile's wrappers set it after ``start`` and clear it after ``stop``, so a profile
+    keeps no graph alive.
     """
     name: str
     category: str
@@ -201,14 +205,18 @@ class EventRecorder:
         ### END SOLUTION
 
     def stop(self, event: Event) -> Event:
-        """Close ``event``, which must be this thread's innermost open event (else
-        ``RuntimeError`` naming both events, nothing changed): stamp ``end_ns = self.clock()``,
-        pop it, add its duration to its parent's ``children_ns`` (when it has a parent). Returns it."""
+        """Close ``event``: stamp ``end_ns = self.clock()``, pop it off this thread's stack, add
+        its duration to its parent's ``children_ns`` (when it has a parent). Returns it.
+
+        ``event`` must be this thread's innermost open event. Otherwise raise ``RuntimeError``
+        before changing anything (no clock reading either), naming ``event`` and the innermost
+        open event -- or, when no event is open (``event`` already stopped, say), naming
+        ``event`` and saying that none is open."""
         ### BEGIN SOLUTION
         stack = self.open_events()
         if not stack or stack[-1] is not event:
-            innermost = stack[-1].name if stack else "none"
-            raise RuntimeError(f"stop({event.name!r}): it is not the innermost open event (that is {innermost})")
+            innermost = repr(stack[-1].name) if stack else "none is open in this thread"
+            raise RuntimeError(f"stop({event.name!r}): it is not the innermost open event ({innermost})")
         event.end_ns = self.clock()
         stack.pop()
         if event.parent is not None:
@@ -218,7 +226,7 @@ class EventRecorder:
 
 
 # %% check=2
-ticks = iter([0, 1_000, 7_000, 8_000, 9_000, 10_000, 11_000, 12_000, 13_000, 14_000])
+ticks = iter([0, 1_000, 7_000, 8_000, 9_000, 10_000, 11_000, 12_000, 13_000, 14_000, 15_000, 16_000])
 recorder = EventRecorder(clock=lambda: next(ticks))
 module = recorder.start("nn.Block", "module")
 matmul = recorder.start("MatMul", "op")
@@ -238,6 +246,14 @@ except RuntimeError as error:
     assert "outer" in str(error) and "inner" in str(error), "the message names both events"
 assert outer.end_ns is None and recorder.open_events() == [outer, inner], "a refused stop changes nothing"
 recorder.stop(inner), recorder.stop(outer)
+assert (inner.end_ns, outer.end_ns) == (13_000, 14_000), f"a refused stop reads no clock: {inner.end_ns, outer.end_ns}"
+try:
+    recorder.stop(outer)
+    raise AssertionError("stopping an event that already stopped (no event is open) must raise")
+except RuntimeError as error:
+    print("refused:", error)
+    assert "outer" in str(error), "the message names the event"
+assert outer.end_ns == 14_000, "a refused stop changes nothing"
 in_thread = {}
 recorder = EventRecorder()
 main = recorder.start("main", "region")

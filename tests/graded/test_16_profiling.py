@@ -66,9 +66,10 @@ def test_recorder_nesting_and_self_time(student):
     expect_equal(recorder.open_events(), [], "the stack of open events after every event stopped")
 
 
-@check(points=2, hint="EventRecorder.stop(event) when event is not the innermost open one (or none is open): raise "
-                      "RuntimeError naming the event and the innermost open one, BEFORE changing anything. Each "
-                      "thread has its own stack: use self.open_events(), not a list shared by all threads",
+@check(points=2, hint="EventRecorder.stop(event) when event is not the innermost open one: raise RuntimeError naming "
+                      "the event and the innermost open one (or, when none is open, naming the event), BEFORE "
+                      "changing anything or reading the clock. Each thread has its own stack: use "
+                      "self.open_events(), not a list shared by all threads",
        after="test_recorder_nesting_and_self_time")
 def test_recorder_refuses_and_threads(student):
     recorder = student.EventRecorder(clock=fake_clock())
