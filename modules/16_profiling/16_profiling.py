@@ -296,7 +296,9 @@ print("EventRecorder OK: self times", module.self_ns, matmul.self_ns, add.self_n
 # op's backward counts the same as its forward.
 #
 # Example: `Linear(64, 128)` on a batch of 32: $2 \cdot 32 \cdot 64 \cdot 128$ =
-# 524,288 FLOPs forward, 1,048,576 backward; its ReLU 4,096 each way.
+# 524,288 FLOPs forward, 1,048,576 backward; a `Sum` of its $(32, 128)$ output
+# 4,096 each way (the elements of its input, the larger array). Section 5
+# profiles exactly this and prints these four numbers.
 
 # %% export="profiler"
 _PRODUCTS = ("MatMul", "LinearFunction", "Conv2dFunction")  # they contract a dimension
@@ -836,8 +838,8 @@ print(len(trace["traceEvents"]), "events;", trace["traceEvents"][2])
 # %% [markdown]
 # ### FLOPs in a profile
 #
-# The profile counts every op's FLOPs (section 2) as it records. For one `Linear(64, 128)`
-# on 32 samples, forward and backward:
+# The profile counts every op's FLOPs (section 2) as it records. Section 2's example,
+# one `Linear(64, 128)` on 32 samples and the `Sum` of its output, forward and backward:
 
 # %%
 tt.manual_seed(0)
