@@ -218,6 +218,13 @@ def test_key_averages_adds_up_per_name(device):
     assert total_self == pytest.approx(prof.events[0].duration_ns / 1000)
 
 
+def test_key_averages_adds_integer_nanoseconds_before_converting():
+    # 0.1 + 0.2 microseconds, added as floats, would be 0.30000000000000004
+    rows = profiler.key_averages([profiler.Event("a", "op", 1, 0, end_ns=100),
+                                  profiler.Event("a", "op", 1, 100, end_ns=300)])
+    assert (rows[0].cpu_time_total, rows[0].self_cpu_time_total) == (0.3, 0.3)
+
+
 def test_table_sorts_limits_and_refuses_bad_arguments():
     averages = profiler.key_averages([
         profiler.Event("a", "op", 1, 0, end_ns=5_000, flops=10), profiler.Event("b", "op", 1, 5_000, end_ns=7_000,

@@ -182,9 +182,9 @@ def test_profile_of_a_step(student):
 
 # -- key_averages and the trace -----------------------------------------------------------------
 
-@check(points=2, hint="key_averages: one KeyAverage per event name, in the order names first appear; count += 1, "
-                      "cpu_time_total += duration_ns / 1000, self_cpu_time_total += self_ns / 1000 (microseconds), "
-                      "flops += flops, cpu_memory_usage += nbytes; return KeyAverages(rows)")
+@check(points=2, hint="key_averages: one KeyAverage per event name, in the order names first appear: the count; "
+                      "cpu_time_total and self_cpu_time_total, the sums of duration_ns and self_ns divided by 1000 "
+                      "(microseconds); the sums of flops and of nbytes (cpu_memory_usage); return KeyAverages(rows)")
 def test_key_averages(student):
     events = [closed_event(student, "nn.Linear", 0, 12_500, children=10_000, category="module"),
               closed_event(student, "MatMul", 1_000, 7_000, flops=96, nbytes=64),
