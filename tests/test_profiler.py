@@ -354,6 +354,28 @@ def test_graph_saved_bytes_after_backward_is_zero(device):
     assert profiler.graph_saved_bytes(loss) == 0, "backward frees what the graph kept"
 
 
+class KeepsATensor(Function):
+    """The identity; keeps ``tensor`` (given to ``apply``) in an attribute of its own, and a tuple of
+    an array inside a tuple."""
+
+    def forward(self, a, tensor):
+        self.kept, self.nested = tensor, ((self.xp.ones(1000, dtype=self.xp.float32),),)
+        return a
+
+    def backward(self, grad):
+        return (grad,)
+
+
+def test_graph_saved_bytes_walks_tensors_in_any_attribute_and_containers_one_level_deep(device):
+    x = tt.randn(8, device=device, requires_grad=True)
+    kept = x * 2.0  # not an input of the op that keeps it: its graph is alive through the attribute all the same
+    out = KeepsATensor.apply(tt.randn(3, device=device, requires_grad=True), tensor=kept)
+    # kept's array (8 float32) and nothing else: Mul holds only the leaf x; the tuple in a tuple is not searched
+    assert profiler.graph_saved_bytes(out) == 8 * 4
+    out = KeepsATensor.apply(tt.randn(3, device=device, requires_grad=True), tensor=kept * kept)
+    assert profiler.graph_saved_bytes(out) == 2 * 8 * 4, "kept * kept's array and Mul's saved kept, found by the walk"
+
+
 def test_training_memory_adds_the_activations_to_memory_report():
     tt.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))

@@ -513,13 +513,20 @@ def memory_owner(array: Any) -> tuple[Any, int]:
 
 
 def graph_saved_bytes(output: Tensor) -> int:
-    """Bytes the graph behind ``output`` keeps for backward: every Function reachable from
-    ``output._ctx`` through ``inputs`` (each once); every array it holds in its attributes -- an
-    array, a Tensor's ``.data``, or one inside a tuple or list -- counted as its owner's ``nbytes``,
-    once per ``memory_owner`` key; except the memory of leaf tensors (``_ctx is None``: parameters
-    and the batch). 0 for a tensor with no graph."""
-    blocks: dict[int, int] = {}
-    leaves: set[int] = set()
+    """Bytes the graph behind ``output`` keeps for backward; 0 for a tensor with no graph.
+
+    The walk: every Function reachable from ``output._ctx`` through the Tensors the Functions hold
+    -- in ``inputs`` or in any other attribute -- to their ``_ctx``, each Function once. A Function
+    whose backward has run holds nothing (the engine cleared its attributes).
+
+    The count: every array a Function holds in an attribute -- an array, a Tensor's ``.data``, or
+    one of those directly inside a tuple or list (containers inside it are not searched) -- as its
+    ``memory_owner``'s ``nbytes``, once per memory key; except the memory of leaf tensors (``_ctx is
+    None``: parameters and the batch), left out by key, since non-leaf tensors and bare arrays live
+    in it too (``w.T``; a saved ``self.a``). Which keys are leaves' is known only after the whole
+    walk: gather the blocks and the leaves' keys first, add up at the end."""
+    blocks: dict[int, int] = {}  # memory key -> its owner's nbytes
+    leaves: set[int] = set()  # keys of leaves' memory: complete only once the whole graph is walked
     seen: set[int] = set()
     todo = [] if output._ctx is None else [output._ctx]
     while todo:

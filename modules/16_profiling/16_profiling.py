@@ -946,28 +946,49 @@ def peak_flops(device: str = "cpu", n: int = 1024, dtype: str = "float32") -> fl
 # checkpointing (Module 13) and flash attention (Module 17) shrink.
 #
 # To measure them, walk the graph behind the output, as the backward engine
-# does: from `output._ctx`, every Function, through its `inputs` to their
-# `_ctx`s. A Function keeps its arrays in its **attributes** (`vars(fn)`): saved
-# arrays (`self.x`, `self.out`, …) and `inputs`, a tuple of tensors whose arrays
-# it keeps alive. Count the bytes of everything it holds:
+# does: from `output._ctx`, every Function, through the tensors it holds to
+# their `_ctx`s, each Function once although many paths reach it. A Function
+# keeps its arrays in its **attributes** (`vars(fn)`): saved arrays (`self.x`,
+# `self.out`, …) and `inputs`, a tuple of tensors whose arrays it keeps alive.
+# Follow every tensor it holds, in `inputs` or in any other attribute: a tensor
+# kept anywhere keeps its graph alive. A Function whose backward has run holds
+# nothing — the engine cleared its attributes, which is how backward frees the
+# activations — so after `loss.backward()` the graph behind `loss` keeps 0 bytes.
+# Count the bytes of everything the Functions hold:
 #
 # * an attribute that is an array, or a tensor (count its `.data`), or a tuple or
-#   list of them (`inputs` is one); other attributes (the backend, numbers) hold
-#   no activation memory — `fn.backend.is_array(value)` tells an array;
+#   list of them (`inputs` is one). One level only: a tuple inside a tuple (the
+#   shapes an op remembers, say) holds no activations and is not searched; nor
+#   do other attributes (the backend, numbers) — `fn.backend.is_array(value)`
+#   tells an array;
 # * **each block of memory once**: a view (a slice, a transpose, a reshape) lives
 #   in its base array's memory and keeps all of it alive, and two Functions often
 #   hold the same array (a ReLU keeps its output, which the next Linear keeps as
 #   its input). The given `memory_owner(array)` returns the array that owns the
 #   memory and a key that names that memory (the same key for every view of it);
 #   count `owner.nbytes` once per key;
-# * **not the arrays of leaf tensors** (`_ctx is None`): parameters and the batch
-#   exist with or without the graph;
-# * each Function once, although many paths reach it.
+# * **not the memory of leaf tensors** (`_ctx is None`): parameters and the
+#   batch exist with or without the graph. Leave it out **by memory key, not
+#   by tensor**: a tensor that is not a leaf can live in a leaf's memory (`w.T`
+#   is made by a `Transpose`, but its array is a view of the parameter `w`),
+#   and Functions hold leaves' arrays as bare arrays (`MatMul`'s `self.a` and
+#   `self.b`). Whether a block is a leaf's is known only once the whole graph
+#   is walked: the leaf may turn up at a Function further back (`w`, held by the
+#   `Transpose`), or later in the same Function's attributes (`forward` sets
+#   `self.a` before `apply` sets `inputs`). So collect first and count at the
+#   end: over the whole walk, gather each block's bytes by key and the set of
+#   the leaves' keys; then add up the blocks whose key is not a leaf's.
 #
-# Worked example: $y = \mathrm{relu}(x W^\top)$ with a batch $x$ of $(32, 64)$
-# and $W$ of $(128, 64)$, float32. `LinearFunction` holds $x$ and $W$ (leaves: 0
-# bytes); `ReLU` holds its input, the product ($32 \cdot 128 \cdot 4$ = 16 KiB),
-# and its output (another 16 KiB): 32 KiB.
+# Worked example: `y = relu(x @ w.T)` with a batch `x` of $(32, 64)$ and a
+# weight `w` of $(128, 64)$, float32. Walking back from `y`: `ReLU` holds its
+# output (`self.out`, $32 \cdot 128 \cdot 4$ = 16 KiB) and, in `inputs`, the
+# product (another 16 KiB); `MatMul` holds the arrays of `x` and `w.T` (`self.a`,
+# `self.b`) and, in `inputs`, the tensors `x` (a leaf) and `w.T` (not one);
+# `Transpose` holds the leaf `w`. The keys of `x` and `w` are leaves', and
+# `w.T`'s array has `w`'s key: the graph keeps 32 KiB. A count that decides
+# "leaf or not" as it meets each array counts `x` (8 KiB, met as `self.a`
+# before `inputs`) and `w` (32 KiB, met as `self.b` before the `Transpose`)
+# too: 72 KiB.
 #
 # Memory that was *measured* — `tracemalloc` on the CPU, which NumPy reports its
 # allocations to; the memory pool's counters with CuPy — checks the walk: the
@@ -983,14 +1004,21 @@ def memory_owner(array: Any) -> tuple[Any, int]:
 
 
 def graph_saved_bytes(output: Tensor) -> int:
-    """Bytes the graph behind ``output`` keeps for backward: every Function reachable from
-    ``output._ctx`` through ``inputs`` (each once); every array it holds in its attributes -- an
-    array, a Tensor's ``.data``, or one inside a tuple or list -- counted as its owner's ``nbytes``,
-    once per ``memory_owner`` key; except the memory of leaf tensors (``_ctx is None``: parameters
-    and the batch). 0 for a tensor with no graph."""
+    """Bytes the graph behind ``output`` keeps for backward; 0 for a tensor with no graph.
+
+    The walk: every Function reachable from ``output._ctx`` through the Tensors the Functions hold
+    -- in ``inputs`` or in any other attribute -- to their ``_ctx``, each Function once. A Function
+    whose backward has run holds nothing (the engine cleared its attributes).
+
+    The count: every array a Function holds in an attribute -- an array, a Tensor's ``.data``, or
+    one of those directly inside a tuple or list (containers inside it are not searched) -- as its
+    ``memory_owner``'s ``nbytes``, once per memory key; except the memory of leaf tensors (``_ctx is
+    None``: parameters and the batch), left out by key, since non-leaf tensors and bare arrays live
+    in it too (``w.T``; a saved ``self.a``). Which keys are leaves' is known only after the whole
+    walk: gather the blocks and the leaves' keys first, add up at the end."""
     ### BEGIN SOLUTION
-    blocks: dict[int, int] = {}
-    leaves: set[int] = set()
+    blocks: dict[int, int] = {}  # memory key -> its owner's nbytes
+    leaves: set[int] = set()  # keys of leaves' memory: complete only once the whole graph is walked
     seen: set[int] = set()
     todo = [] if output._ctx is None else [output._ctx]
     while todo:
@@ -1018,12 +1046,18 @@ tt.manual_seed(0)
 x = tt.randn(32, 64)
 w = tt.randn(128, 64, requires_grad=True)
 y = tt.nn.functional.relu(x @ w.T)
-assert graph_saved_bytes(y) == 2 * 32 * 128 * 4, graph_saved_bytes(y)
+saved = graph_saved_bytes(y)
+assert saved == 2 * 32 * 128 * 4, (f"expected {2 * 32 * 128 * 4} bytes (the product and the ReLU's output), got "
+                                   f"{saved}: x (8 KiB) and w (32 KiB, w.T's memory too) are leaves' memory, left "
+                                   "out by key once the whole graph is walked")
 z = y.reshape(64, 64) * 2.0  # a view of y's memory: nothing new but the product
 assert graph_saved_bytes(z) == 2 * 32 * 128 * 4, "a view counts its base once"
 assert graph_saved_bytes(x) == 0 and graph_saved_bytes(tt.randn(3) * 2) == 0, "no graph, no bytes"
 h = x @ w.T
-assert graph_saved_bytes((h * h + h).sum()) == 3 * 32 * 128 * 4, "h, h * h and h * h + h, each block once"
+loss = (h * h + h).sum()
+assert graph_saved_bytes(loss) == 3 * 32 * 128 * 4, "h, h * h and h * h + h, each block once"
+loss.backward()
+assert graph_saved_bytes(loss) == 0, "after backward every Function of the graph holds nothing"
 print("graph_saved_bytes OK:", graph_saved_bytes(y), "bytes")
 
 # %% [markdown]
@@ -1452,8 +1486,9 @@ if plt is not None:
 # * FLOPs: $2 \cdot \text{outputs} \cdot k$ for products, twice that backward;
 #   data movement 0; one per element otherwise. MFU = achieved / peak.
 # * Activations are what the graph keeps: walk it, count each block of memory
-#   once, leaves excluded; with parameters, gradients and optimizer state, the
-#   whole memory of a step.
+#   once, and leave out the leaves' memory by key once the whole walk has found
+#   them; with parameters, gradients and optimizer state, the whole memory of a
+#   step.
 # * Time with warm-up, repeats, the median and its distribution-free interval.
 # * On this CPU the GPT step's hot spot was GELU, a memory-bound elementwise op —
 #   the roofline says why, and that fusing, not faster arithmetic, fixes it.

@@ -307,7 +307,8 @@ class SavesExtras(Function):
 @check(points=3, hint="graph_saved_bytes: walk the Functions from output._ctx through the tensors in their "
                       "attributes (inputs), each Function once; count every array in vars(fn) (an array, a "
                       "Tensor's .data, or inside a tuple or LIST) by memory_owner(array): owner.nbytes once per "
-                      "key; leave out the keys of leaf tensors' arrays (_ctx is None)")
+                      "key; leave out the keys of leaf tensors' arrays (_ctx is None) -- by key, at the end, once "
+                      "the whole walk has found every leaf")
 def test_graph_saved_bytes(student):
     for device in ("cpu", "strict"):
         tt.manual_seed(0)
@@ -317,7 +318,8 @@ def test_graph_saved_bytes(student):
         y = tt.nn.functional.relu(h)
         expect_equal(student.graph_saved_bytes(y), 2 * 32 * 128 * 4,
                      f"graph_saved_bytes(relu(x @ w.T)) on {device}: the product and the ReLU's output (x, w and "
-                     "w.T are a leaf's memory)")
+                     "w.T are leaves' memory: MatMul's saved arrays are x's and a view of w's, and w turns up only "
+                     "at the Transpose behind w.T)")
         z = y.reshape(64, 64) * 2.0 + y.reshape(64, 64)[:8].sum()
         expect_equal(student.graph_saved_bytes(z), 2 * 32 * 128 * 4 + 64 * 64 * 4 + 4,
                      f"graph_saved_bytes of y.reshape(64, 64) * 2.0 + y.reshape(64, 64)[:8].sum() on {device}: y's "
@@ -331,6 +333,10 @@ def test_graph_saved_bytes(student):
                      f"numbers), a view of a 100-number float32 block and a leaf tensor, on {device}")
         expect_equal(student.graph_saved_bytes(x), 0, f"graph_saved_bytes of a leaf (no graph) on {device}")
         expect_equal(student.graph_saved_bytes(w * 1.0), 0, f"graph_saved_bytes of w * 1.0 (it keeps leaves only)")
+        diamond.backward()
+        expect_equal(student.graph_saved_bytes(diamond), 0,
+                     f"graph_saved_bytes of sum(h * h + h) after its backward on {device} (every Function of its "
+                     "graph was cleared)")
     once, many = visits_of_a_diamond_chain(student, 1), visits_of_a_diamond_chain(student, 6)
     expect_equal(many, once, "how often the walk looks at an op reached by 64 paths (expected: as often as when "
                              "2 paths reach it; visit each Function once)")

@@ -74,7 +74,7 @@ def mfu(flops, seconds, peak_flops):
 
 
 def graph_saved_bytes(output):
-    # 1. every Function reachable from output._ctx through inputs, each once
+    # 1. every Function reachable from output._ctx through the tensors the Functions hold, each once
     functions = []
     seen = set()
     todo = [output._ctx] if output._ctx is not None else []
@@ -84,9 +84,11 @@ def graph_saved_bytes(output):
             continue
         seen.add(id(fn))
         functions.append(fn)
-        for tensor in vars(fn).get("inputs", ()):
-            if isinstance(tensor, Tensor) and tensor._ctx is not None:
-                todo.append(tensor._ctx)
+        for value in vars(fn).values():
+            items = value if isinstance(value, (tuple, list)) else [value]
+            for item in items:
+                if isinstance(item, Tensor) and item._ctx is not None:
+                    todo.append(item._ctx)
     # 2. the memory each one holds: leaves' memory apart, each block once
     leaf_keys = set()
     held = {}  # memory key -> the array that owns that memory
