@@ -1333,8 +1333,8 @@ print(averages.table(sort_by="self_cpu_time_total", row_limit=12))
 # %%
 step = next(e for e in prof.events if e.name == "step")
 op_self = sum(e.self_ns for e in prof.events if e.category in ("op", "backward"))
-print(f"step {step.duration_ns / 1e6:.0f} ms profiled, {plain.median * 1e3:.0f} ms without the profile; "
-      f"the ops' self times add up to {op_self / step.duration_ns:.0%} of the profiled step")
+print(f"step {step.duration_ns / 1e6:.0f} ms profiled ({len(prof.events):,d} events), {plain.median * 1e3:.0f} ms "
+      f"without the profile; the ops' self times add up to {op_self / step.duration_ns:.0%} of the profiled step")
 for family in ("LinearFunction", "MatMul", "GELUTanh", "MaskedSoftmax"):
     rows = [row for row in averages if row.key.split(".")[0] == family]
     seconds = sum(row.self_cpu_time_total for row in rows) / 1e6
@@ -1342,6 +1342,16 @@ for family in ("LinearFunction", "MatMul", "GELUTanh", "MaskedSoftmax"):
           f"{sum(row.flops for row in rows) / seconds / 1e9:6.2f} GFLOP/s")
 
 # %% [markdown]
+# **Noise first.** The two step times above are samples, not a measurement of
+# what the profile costs: the profiled step is one run, the unprofiled time
+# the median of three, and on a machine shared with other work one run can be
+# tens of percent slower or faster than the next. The profile's own cost — the
+# wrappers' microseconds per event that section 3 measured, times the events
+# counted above — is often smaller than that noise, so a profiled step can even
+# come out *faster* than an unprofiled one. Trust the shares (each row's part
+# of the same run) more than absolute times; to compare two times, measure
+# them in turns, several times each (section 8's `benchmark`).
+#
 # Read the table from the top: the rows with the largest self time are where
 # the step goes. Three things to look for, on any machine:
 #
@@ -1357,12 +1367,15 @@ for family in ("LinearFunction", "MatMul", "GELUTanh", "MaskedSoftmax"):
 #   `tanh` element by element through a general-purpose routine, and GELU's
 #   formula and its backward make a dozen passes over a $(B, T, 4C)$ array: the
 #   time goes to reading and writing memory and to `tanh`, not to arithmetic.
-#   On a quiet run of the machine this was written on, GELU took about a third
-#   of the step; a machine shared with other work (or with faster BLAS) moves
-#   the shares, which is why you profile on the machine you train on;
+#   How large their share is depends on the machine — its BLAS, its cores,
+#   what else runs on it: on one, GELU leads the table; on another, attention's
+#   `MatMul`s and the `LinearFunction` backwards do, and GELU is a small share.
+#   The shares printed above are the answer for yours, which is why you
+#   profile on the machine you train on;
 # * **module and region rows with a large self time**: Python between the ops
-#   (the engine's bookkeeping, the optimizer's loop over parameters). Here the
-#   ops' self times cover almost all of the step.
+#   (the engine's bookkeeping, the optimizer's loop over parameters). The
+#   first line printed under the table says how much of the step the ops' self
+#   times cover; the rest is that Python.
 #
 # A product far below the peak has one more suspect on a CPU: **BLAS
 # threads**. NumPy's BLAS splits a product over threads; on a machine whose
@@ -1490,5 +1503,11 @@ if plt is not None:
 #   them; with parameters, gradients and optimizer state, the whole memory of a
 #   step.
 # * Time with warm-up, repeats, the median and its distribution-free interval.
-# * On this CPU the GPT step's hot spot was GELU, a memory-bound elementwise op —
-#   the roofline says why, and that fusing, not faster arithmetic, fixes it.
+# * Profile on the machine you train on: the products carry nearly all of the
+#   GPT step's FLOPs, but which row leads the self times — attention's small
+#   products, the Linear backwards, GELU — depends on the machine, and the
+#   printed shares say. An elementwise op like GELU takes far more time than
+#   its FLOPs: the roofline says why (it is memory-bound), and that fusing, not
+#   faster arithmetic, fixes it.
+# * One run's times are noisy: read shares within a run, and compare times
+#   measured in turns, several times each.
