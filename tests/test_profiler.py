@@ -354,6 +354,16 @@ def test_graph_saved_bytes_after_backward_is_zero(device):
     assert profiler.graph_saved_bytes(loss) == 0, "backward frees what the graph kept"
 
 
+def test_graph_saved_bytes_skips_a_freed_function_that_kept_its_bookkeeping(device):
+    # an engine (a student's Module 02) may clear a Function after its backward but put back its sequence and
+    # inputs = None: no backend is left to tell arrays with, and nothing to count
+    tt.manual_seed(0)
+    loss = (tt.randn(3, 4, device=device, requires_grad=True) * 2.0).sum()
+    loss.backward()
+    loss._ctx.sequence, loss._ctx.inputs = 1, None
+    assert profiler.graph_saved_bytes(loss) == 0
+
+
 class KeepsATensor(Function):
     """The identity; keeps ``tensor`` (given to ``apply``) in an attribute of its own, and a tuple of
     an array inside a tuple."""

@@ -517,7 +517,8 @@ def graph_saved_bytes(output: Tensor) -> int:
 
     The walk: every Function reachable from ``output._ctx`` through the Tensors the Functions hold
     -- in ``inputs`` or in any other attribute -- to their ``_ctx``, each Function once. A Function
-    whose backward has run holds nothing (the engine cleared its attributes).
+    whose backward has run holds nothing (the engine cleared its attributes): skip a Function that
+    has no ``backend``.
 
     The count: every array a Function holds in an attribute -- an array, a Tensor's ``.data``, or
     one of those directly inside a tuple or list (containers inside it are not searched) -- as its
@@ -534,6 +535,9 @@ def graph_saved_bytes(output: Tensor) -> int:
         if id(fn) in seen:
             continue
         seen.add(id(fn))
+        backend = getattr(fn, "backend", None)
+        if backend is None:  # its backward has run: the engine cleared what it held
+            continue
         for value in list(vars(fn).values()):
             for item in value if isinstance(value, (tuple, list)) else (value,):
                 if isinstance(item, Tensor):
@@ -542,7 +546,7 @@ def graph_saved_bytes(output: Tensor) -> int:
                     else:
                         todo.append(item._ctx)
                     item = item.data
-                if fn.backend.is_array(item):
+                if backend.is_array(item):
                     owner, key = memory_owner(item)
                     blocks[key] = owner.nbytes
     return sum(nbytes for key, nbytes in blocks.items() if key not in leaves)

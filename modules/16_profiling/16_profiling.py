@@ -954,6 +954,8 @@ def peak_flops(device: str = "cpu", n: int = 1024, dtype: str = "float32") -> fl
 # kept anywhere keeps its graph alive. A Function whose backward has run holds
 # nothing — the engine cleared its attributes, which is how backward frees the
 # activations — so after `loss.backward()` the graph behind `loss` keeps 0 bytes.
+# Skip a Function that has no `backend`: its backward has run (an engine may
+# have put back some bookkeeping, such as its `sequence`, but no arrays).
 # Count the bytes of everything the Functions hold:
 #
 # * an attribute that is an array, or a tensor (count its `.data`), or a tuple or
@@ -1008,7 +1010,8 @@ def graph_saved_bytes(output: Tensor) -> int:
 
     The walk: every Function reachable from ``output._ctx`` through the Tensors the Functions hold
     -- in ``inputs`` or in any other attribute -- to their ``_ctx``, each Function once. A Function
-    whose backward has run holds nothing (the engine cleared its attributes).
+    whose backward has run holds nothing (the engine cleared its attributes): skip a Function that
+    has no ``backend``.
 
     The count: every array a Function holds in an attribute -- an array, a Tensor's ``.data``, or
     one of those directly inside a tuple or list (containers inside it are not searched) -- as its
@@ -1026,6 +1029,9 @@ def graph_saved_bytes(output: Tensor) -> int:
         if id(fn) in seen:
             continue
         seen.add(id(fn))
+        backend = getattr(fn, "backend", None)
+        if backend is None:  # its backward has run: the engine cleared what it held
+            continue
         for value in list(vars(fn).values()):
             for item in value if isinstance(value, (tuple, list)) else (value,):
                 if isinstance(item, Tensor):
@@ -1034,7 +1040,7 @@ def graph_saved_bytes(output: Tensor) -> int:
                     else:
                         todo.append(item._ctx)
                     item = item.data
-                if fn.backend.is_array(item):
+                if backend.is_array(item):
                     owner, key = memory_owner(item)
                     blocks[key] = owner.nbytes
     return sum(nbytes for key, nbytes in blocks.items() if key not in leaves)
@@ -1058,6 +1064,8 @@ loss = (h * h + h).sum()
 assert graph_saved_bytes(loss) == 3 * 32 * 128 * 4, "h, h * h and h * h + h, each block once"
 loss.backward()
 assert graph_saved_bytes(loss) == 0, "after backward every Function of the graph holds nothing"
+loss._ctx.sequence = 0  # bookkeeping an engine may put back after clearing a Function: still no backend
+assert graph_saved_bytes(loss) == 0, "skip a Function that has no backend: its backward has run"
 print("graph_saved_bytes OK:", graph_saved_bytes(y), "bytes")
 
 # %% [markdown]

@@ -93,6 +93,8 @@ def graph_saved_bytes(output):
     leaf_keys = set()
     held = {}  # memory key -> the array that owns that memory
     for fn in functions:
+        if not hasattr(fn, "backend"):  # its backward has run: it holds nothing
+            continue
         for value in vars(fn).values():
             items = value if isinstance(value, (tuple, list)) else [value]
             for item in items:
