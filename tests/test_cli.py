@@ -79,7 +79,7 @@ def test_grade_reports_a_syntax_error_with_cell_and_line(tmp_path: Path, capsys)
 
 
 def test_a_print_at_the_top_of_a_cell_leaves_the_json_clean(tmp_path: Path, capsys) -> None:
-    """The notebook ran once more after the checks, uncaptured: stdout began with the print, not the JSON."""
+    """Catches a notebook run once more after the checks, uncaptured: stdout begins with the print, not the JSON."""
     notebook = _notebook(tmp_path / "03_activations.ipynb", edit=("def relu(x: Tensor) -> Tensor:",
                                                                   "print('debugging')\n\n\ndef relu(x: Tensor) -> Tensor:"))
     assert main(["grade", "03", "--notebook", str(notebook), "--root", str(ROOT), "--json"]) == 0
@@ -87,8 +87,8 @@ def test_a_print_at_the_top_of_a_cell_leaves_the_json_clean(tmp_path: Path, caps
 
 
 def test_a_notebook_that_does_not_load_runs_once_and_says_so_once(tmp_path: Path, monkeypatch, capsys) -> None:
-    """Every check ran the failing cells again (an endless loop cost each the time limit), then the report
-    ran them once more; now the first failure is reused."""
+    """The first failure is reused: running the failing cells again for every check (an endless loop would cost
+    each the time limit) and once more for the report would repeat the message."""
     from tinytrain.course import overlay
 
     runs = []
@@ -131,7 +131,8 @@ def test_a_breakpoint_left_in_the_code_fails_its_check_at_once(tmp_path: Path, c
 
 
 def test_a_name_from_a_cell_that_is_not_exported_is_named_with_its_cell(tmp_path: Path, capsys) -> None:
-    """It works in Jupyter (one namespace); graded, it was a bare NameError or 'was it deleted or renamed?'."""
+    """It works in Jupyter (one namespace); graded, the report names the cell, not a bare NameError or 'was it
+    deleted or renamed?'."""
     notebook = build.reference_notebook(SOURCE_03)
     relu = next(cell for cell in notebook.cells if cell.metadata.get("export") and "return x.relu()" in cell.source)
     relu.source = relu.source.replace("return x.relu()", "return positive_part(x)")
@@ -159,15 +160,10 @@ def test_a_name_from_a_cell_that_is_not_exported_is_named_with_its_cell(tmp_path
         (["reset", "banana"], "unknown module 'banana'"),
         (["grade", "03", "--notebook", str(ROOT / "notebooks/04_layers.ipynb")], "is the notebook of module 04_layers, not 03"),
         (["grade", "03", "--notebook", str(ROOT / "pyproject.toml")], "is not a Jupyter notebook"),
-        (["milestone", "cnn"], "no milestone 'cnn' yet (the CNN milestone arrives with Module 11"),
         (["milestone", "rnn"], "no milestone 'rnn'"),
     ],
 )
 def test_clear_errors(argv: list[str], message: str, capsys) -> None:
-    from tinytrain.course import milestones
-
-    if argv[:2] == ["milestone", "cnn"] and "cnn" in milestones.MILESTONES:
-        pytest.skip("the CNN milestone exists now")
     assert main([*argv, "--root", str(ROOT)] if argv[0] != "milestone" else argv) == 2
     assert message in capsys.readouterr().err
 
@@ -317,8 +313,8 @@ def test_stubs_left_in_an_export_are_named_by_status_doctor_and_the_milestones(c
 
 
 def test_a_wrong_value_from_an_exported_module_keeps_the_hint_and_names_the_exported_modules(copy, tmp_path) -> None:
-    """With a student's module 02 exported, a wrong bias gradient in module 04 failed gradcheck, and the
-    failure was blamed on 02's gradcheck ('tinytrain reset 02', on correct code) instead of giving 04's hint."""
+    """With a student's module 02 exported, a wrong bias gradient in module 04 fails gradcheck: the failure gives
+    04's hint, and is not blamed on 02's gradcheck ('tinytrain reset 02', on correct code)."""
     from tinytrain.course import solutions
 
     run, _ = copy
@@ -339,7 +335,7 @@ def test_a_wrong_value_from_an_exported_module_keeps_the_hint_and_names_the_expo
 
 
 def test_status_counts_no_points_for_checks_that_did_not_run(copy) -> None:
-    """An exported file that no longer compiles stopped pytest at collection: every check kept 'passed'."""
+    """An exported file that does not compile stops pytest at collection: no check may keep 'passed'."""
     run, package = copy
     assert run("export", "03", "--notebook", str(_notebook(package.parent / "03_activations.ipynb"))).returncode == 0
     with (package / "nn/activations.py").open("a") as file:

@@ -1,9 +1,9 @@
 """Graded checks on students' variants: a correct alternative passes, a plausible wrong one fails.
 
-Second, independent students' solutions (written from the lessons alone) showed
-where a graded check let wrong code through, or graded the reference's way of
-doing something instead of the lesson's rule. Each test runs the check on a
-variant directly, with a ``student`` namespace as the grader's fixture would
+The variants are what independent students write from the lessons alone: wrong
+code a graded check must not let through, and correct code that does something
+another way than the reference, which the check must grade by the lesson's rule.
+Each test runs the check on a variant directly, with a ``student`` namespace as the grader's fixture would
 pass it, so each takes well under a second: a correct variant must pass; a wrong
 one must fail, saying what it expected and what it got.
 """
@@ -66,11 +66,11 @@ def _fails(check, student, *expected: str) -> None:
 
 
 # -- Module 01 ----------------------------------------------------------------------------------
-# The factories take requires_grad (the lesson: "plus dtype, device and requires_grad"); only zeros'
-# was graded, so a ones that dropped the flag earned 14/14. Later code builds leaves with it: Module
-# 05's graded test_dropout (w = tt.ones(1000, requires_grad=True), run on the student's library) then
-# raised "backward() on a tensor that does not require grad" for a correct dropout, and Module 02's
-# lesson hands Add.backward two such leaves.
+# The factories take requires_grad (the lesson: "plus dtype, device and requires_grad"), ones' as well
+# as zeros'. Later code builds leaves with it: Module 05's graded test_dropout (w = tt.ones(1000,
+# requires_grad=True), run on the student's library) raises "backward() on a tensor that does not require
+# grad" for a correct dropout on a ones that drops the flag, and Module 02's lesson hands Add.backward two
+# such leaves.
 
 def _ones_without_requires_grad(*shape, dtype=None, device=None, requires_grad=False):
     """A student's ones that forgets to pass requires_grad on."""
@@ -86,11 +86,10 @@ def test_a_ones_that_drops_requires_grad_loses_its_point():
            "ones(2, requires_grad=True).requires_grad", "expected True")
 
 
-# A student's third read of Module 01 (session 39) found five wrong variants that earned 14/14, each breaking
-# a stated rule (some stated only now): a non-string device silently meaning the CPU, to_array(device=None)
-# moving a device's data to the CPU, float64 random numbers drawn as float32, zeros() of shape (1,), and
-# to_array trusting `array.base is None` -- the lesson's old hint -- for an object whose __array__ hands out
-# the array it keeps (the reference itself had that hole).
+# Five wrong Module 01 variants, each breaking a rule the lesson or a docstring states: a non-string
+# device silently meaning the CPU, to_array(device=None) moving a device's data to the CPU, float64 random
+# numbers drawn as float32, zeros() of shape (1,), and to_array trusting `array.base is None` to mean a
+# copy, which an object whose __array__ hands out the array it keeps defeats.
 
 def _module_01(**replaced: object) -> types.SimpleNamespace:
     """Module 01's code, backend and tensor, as the ``student`` fixture, with ``replaced`` names swapped in."""
@@ -162,7 +161,7 @@ def test_a_module_01_variant_that_breaks_its_docstring_loses_points(check_name, 
 # the operations that produced its inputs works"), so a student may sort the graph first instead of
 # using the heap. Such an engine must still skip an operation no gradient reached -- a backward
 # returned None for its output, as Module 13's checkpointing does for an input that took no part.
-# A sorted walk that forgot it raised KeyError inside checkpoint and yet earned full marks.
+# A sorted walk that forgets it raises KeyError inside checkpoint: the checks must take its points.
 
 def _reverse_topological_order(root):
     """Every operation reachable from ``root``, each before the operations that made its inputs (iterative DFS)."""
@@ -229,7 +228,7 @@ def test_a_sorted_engine_that_runs_unreached_operations_loses_its_points():
 
 
 def test_checkpoint_of_a_computed_input_it_does_not_use():
-    """What the wrong engine broke: checkpointing hands ``None`` to a computed input that took no part."""
+    """What the wrong engine breaks: checkpointing hands ``None`` to a computed input that took no part."""
     x, w = tt.tensor([1.0, 2.0], requires_grad=True), tt.tensor([3.0, 4.0], requires_grad=True)
     unused = w * 2.0
     tt.checkpoint(lambda a, b: a * 3.0, x, unused).sum().backward()
@@ -237,8 +236,8 @@ def test_checkpoint_of_a_computed_input_it_does_not_use():
 
 
 # gradcheck names "the worst mismatch (the largest excess over its tolerance)" and fails a nan; apply turns
-# only a forward's ValueError into its own, keeping the message. A student's third read wrote each of
-# these wrong and earned full marks for Module 02 (session 38); the checks grade them now.
+# only a forward's ValueError into its own, keeping the message. A student can write each of these wrong
+# and pass everything else in Module 02: the checks grade each rule.
 
 def student_gradcheck(worst_by: str = "excess", nan_fails: bool = True):
     """A student's gradcheck that compares each input's gradients at once, after all its central differences.
@@ -366,8 +365,8 @@ def test_a_getitem_that_always_scatters_passes_the_indexing_checks(name):
 
 # -- Module 03 ----------------------------------------------------------------------------------
 # The lesson's table gives tanh x = 2 sigmoid(2x) - 1. Near 0 that subtracts two numbers close to 1
-# and keeps few digits (tanh(1e-4) 1.7e-4 off in float32), and so does (e^x - e^-x) / (e^x + e^-x):
-# both earned 12/12. The docstring now asks for np.tanh's precision there; x.tanh() has it.
+# and keeps few digits (tanh(1e-4) 1.7e-4 off in float32), and so does (e^x - e^-x) / (e^x + e^-x).
+# The docstring asks for np.tanh's precision there; x.tanh() has it, and both of these lose points.
 
 def _tanh_from_sigmoid(x):
     return 2 * (2 * x).sigmoid() - 1
@@ -387,9 +386,9 @@ def test_a_tanh_that_cancels_digits_near_zero_loses_its_point():
 
 
 # -- Module 04 ----------------------------------------------------------------------------------
-# A student's third read: a LinearFunction.backward that computed G W for an x that needs none (the
-# first layer's wasted product) or G^T X for a frozen weight, and a __setattr__ that moved a re-assigned
-# parameter or buffer to the end of its registry ("keeps its place"), earned 15/15.
+# Wrong Module 04 variants that pass everything else: a LinearFunction.backward that computes G W for an
+# x that needs none (the first layer's wasted product) or G^T X for a frozen weight, and a __setattr__ that
+# moves a re-assigned parameter or buffer to the end of its registry (the docstring: "keeps its place").
 
 class _LinearWithEveryGradient(layers.LinearFunction):
     def backward(self, grad):
@@ -426,9 +425,9 @@ def test_a_layer_that_breaks_its_docstring_loses_its_points(check_name, replaced
 
 # -- Module 06 ----------------------------------------------------------------------------------
 # A loss's backward must hand its input a gradient of the input's dtype (Module 02: keep the dtype).
-# A float64 one is cast back only at the leaves, so every layer below the loss ran its backward in
-# float64 (an MLP step took twice as long) -- and the graded checks, which read leaves' .grad, could
-# not see it: a one-hot from np.eye's float64 default earned 15/15.
+# A float64 one is cast back only at the leaves, so every layer below the loss runs its backward in
+# float64 (an MLP step takes twice as long), which checks that read only leaves' .grad cannot see: a
+# one-hot from np.eye's float64 default must lose points.
 
 def one_hot_cross_entropy(dtype):
     """``cross_entropy`` (inputs as the graded check passes them) whose backward subtracts the one-hot
@@ -473,10 +472,10 @@ def test_a_binary_cross_entropy_whose_mean_gradient_is_float64_loses_its_points(
            "the dtype of the gradient that bce_with_logits_counting_with_numpy, reduction='mean'", "float64")
 
 
-# A student's third read: five wrong losses that earned 15/15. Each breaks a sentence of the lesson or
-# a docstring that the checks did not test: BCE's forward clamped the caller's probabilities in place,
-# its gradient added 1e-12 instead of taking the max, the logits loss's sigmoid rounded to 0 for x < -17
-# (1 - sigmoid(|x|)) or overflowed with the warning silenced, and mse_loss kept an int64 target's float64.
+# Five wrong losses, each breaking a sentence of the lesson or a docstring: BCE's forward clamping the
+# caller's probabilities in place, its gradient adding 1e-12 instead of taking the max, the logits loss's
+# sigmoid rounding to 0 for x < -17 (1 - sigmoid(|x|)) or overflowing with the warning silenced, and
+# mse_loss keeping an int64 target's float64.
 
 class _BCEClampingInPlace(losses.BinaryCrossEntropy):
     def forward(self, probs, target, reduction):
@@ -534,10 +533,10 @@ def test_a_loss_that_breaks_a_stated_rule_loses_its_points(check_name, replaced,
 
 
 # -- Module 07 ----------------------------------------------------------------------------------
-# A student's third read: Adam with the optimizer's step count instead of the parameter's own (a
-# parameter that missed a step got the wrong bias correction), and a bias correction through np.sqrt
+# Wrong Module 07 variants: Adam with the optimizer's step count instead of the parameter's own (a
+# parameter that missed a step gets the wrong bias correction), and a bias correction through np.sqrt
 # in place (x /= np.sqrt(...): the array stays float32, but NumPy runs the loop in float64 -- other
-# bits, several times slower; the strict device counted only float64 results), earned 16/16.
+# bits, several times slower, which a device that counts only float64 results cannot see).
 
 def _adam(sqrt=math.sqrt, shared_step=False):
     """The reference Adam, its bias correction through ``sqrt``, with ``t`` the largest step count of
@@ -572,9 +571,9 @@ def test_an_adam_that_breaks_a_stated_rule_loses_its_point(check_name, adam, exp
 
 
 # -- Module 08 ----------------------------------------------------------------------------------
-# A student's third read: a loader that made its batch tensors with Tensor(...) instead of the given
-# self._tensor copied every batch a second time (an epoch 45% slower), and batch_indices that copied
-# its slices ("views of order"); both earned 17/17.
+# Wrong Module 08 variants: a loader that makes its batch tensors with Tensor(...) instead of the given
+# self._tensor copies every batch a second time (an epoch 45% slower), and batch_indices that copies
+# its slices (the docstring: "views of order").
 
 class _LoaderCopyingEveryBatch(data.DataLoader):
     def _fetch(self, indices):
@@ -601,7 +600,7 @@ def test_a_loader_that_copies_twice_loses_its_point(check_name, replaced, expect
 
 # -- Module 09 ----------------------------------------------------------------------------------
 # clip_grad_norm must leave each gradient in its dtype, and evaluate count hits of one-hot targets
-# (both in their docstrings); a variant breaking either earned 27/27.
+# (both in their docstrings); a variant breaking either loses points.
 
 def clip_grad_norm_writing_float64_back(parameters, max_norm=1.0, error_if_nonfinite=False):
     """Casts every gradient to float64 once and reuses the copies to scale: right values, float64 gradients."""
@@ -651,9 +650,9 @@ def test_evaluate_counts_hits_of_one_hot_targets() -> None:
            "evaluate's accuracy with one-hot targets", "got nan")
 
 
-# A student's third read: with clipping on, a _clip_and_step that checked only the gradient norm let an
-# inf loss with a finite gradient through (a step taken, train_loss inf), and one that asked
-# clip_grad_norm to raise skipped self._skip, whose message says where; both earned 27/27.
+# With clipping on, a _clip_and_step that checks only the gradient norm lets an inf loss with a finite
+# gradient through (a step taken, train_loss inf), and one that asks clip_grad_norm to raise skips
+# self._skip, whose message says where; both lose points.
 
 def _trainer_that_skips(loss_checked_when_clipping=True, clip_raises=False):
     """The reference _clip_and_step, its loss checked only without clipping unless ``loss_checked_when_clipping``,
@@ -686,9 +685,9 @@ def test_a_trainer_that_skips_the_wrong_way_loses_its_points(wrong, expected):
 
 
 # -- Module 10 ----------------------------------------------------------------------------------
-# EarlyStopping stops once wait reaches patience. Counted with `==`, a callback that had stopped never
-# stopped again in a second fit (wait went past patience), and earned full marks; the docstring now
-# says that a wait past patience stops too.
+# EarlyStopping stops once wait reaches patience, and (its docstring) a wait past patience stops too.
+# Counted with `==`, a callback that has stopped never stops again in a second fit (wait goes past
+# patience).
 
 class _EarlyStoppingOnlyAtPatience(callbacks.EarlyStopping):
     def on_epoch_end(self, trainer, logs):
@@ -708,9 +707,8 @@ def test_an_early_stopping_that_stops_only_when_wait_equals_patience_loses_its_p
            "already stopped", "expected (1, 4, 1), got (2, 5, 8)")
 
 
-# A student's third read of Module 10 (session 39): eight wrong variants earned 12/12. Each breaks a rule
-# the lesson or a docstring states (the last two sentences of to_plain's docstring are new; the reference
-# itself saved complex scalars that read_checkpoint then refused).
+# Eight wrong Module 10 variants, each breaking a rule the lesson or a docstring states (to_plain's ends
+# with two: a NumPy scalar such as np.complex128 is not plain data, and ``value`` itself is left as it was).
 
 def _module_10(**replaced: object) -> types.SimpleNamespace:
     """Module 10's code, serialization and callbacks, as the ``student`` fixture, with ``replaced`` swapped in."""
@@ -805,10 +803,10 @@ def test_an_early_stopping_whose_first_value_is_best_even_if_nan_loses_its_point
 
 
 # -- Module 11 ----------------------------------------------------------------------------------
-# A student's third read: max pooling that scanned a window column by column (a tie off the first
-# offset went to the wrong element: the graded ties all fell on offset 0), one that kept the best with
-# where(candidate > best, ...) (NaN dropped, where the docstring says it passes), and a backward that
-# computed the bias gradient nobody needed, earned 26/26.
+# Wrong Module 11 variants: max pooling that scans a window column by column (a tie off the first
+# offset goes to the wrong element, which ties that all fall on offset 0 cannot show), one that keeps
+# the best with where(candidate > best, ...) (NaN dropped, where the docstring says it passes), and a
+# backward that computes the bias gradient nobody needs.
 
 def _max_pool(column_by_column=False, keep_nan=True):
     """Max pooling that visits a window's offsets row by row (or column by column) and keeps the best with
@@ -858,9 +856,8 @@ def test_a_convolution_that_returns_a_bias_gradient_nobody_needs_loses_its_point
 
 
 # -- Module 12 ----------------------------------------------------------------------------------
-# A student's read: four load_state variants that break its docstring ("those three keys and no
-# others", "Python ints", "a seed of 2**64 or more is kept modulo 2**64"), and a matmul_cost that
-# counts FLOPs in a float, earned 10/10. The course's own student refused big seeds and took NumPy ints.
+# Four load_state variants that break its docstring ("those three keys and no others", "Python ints",
+# "a seed of 2**64 or more is kept modulo 2**64"), and a matmul_cost that counts FLOPs in a float.
 
 def _loading(valid, keep):
     """A DrawCounter whose load_state accepts what ``valid(state)`` accepts and keeps ``keep(seed)``."""
@@ -914,12 +911,10 @@ def test_a_matmul_cost_in_floats_loses_its_point():
 # -- Module 13 ----------------------------------------------------------------------------------
 # A recompute whose output needs no gradient -- a frozen segment (no parameter requires grad) fed by
 # data, whose node exists only through the anchor -- has nothing to backpropagate. A Recompute.backward
-# that calls backward on it regardless raised RuntimeError there and yet earned full marks.
-# A student's third read: handing `grad` to the recomputed output's backward as the bare array is
-# right, but the engine took an array through tt.tensor's default float32, so a float64 segment's
-# gradients came back rounded and the student lost 3 points (the engine now keeps the output's dtype);
-# an anchor given a zero gradient instead of None, and an all-reduce buffer in the gradients' float64
-# instead of float32, earned full marks.
+# that calls backward on it regardless raises RuntimeError there: it must lose points.
+# Handing `grad` to the recomputed output's backward as the bare array is right, and keeps a float64
+# segment's gradients in float64 (the engine keeps the output's dtype). An anchor given a zero gradient
+# instead of None, and an all-reduce buffer in the gradients' float64 instead of float32, are wrong.
 
 def recompute(guard: bool = True, seed=lambda grad, out: tt.Tensor._make(grad, out._backend),
               anchor_gradient=lambda grad: None) -> type:
@@ -988,9 +983,9 @@ def test_an_all_reduce_in_float64_loses_its_points():
 
 
 # -- Module 14 ----------------------------------------------------------------------------------
-# A student's third read: a merge that hands back `ids` itself when nothing merges ("A new list"), a
+# Wrong Module 14 variants: a merge that hands back `ids` itself when nothing merges ("A new list"), a
 # train that keeps the old merges for a text without pairs ("Merges learned before are replaced"),
-# and an embedding backward whose zeros are float32 whatever grad's dtype, earned 29/29.
+# and an embedding backward whose zeros are float32 whatever grad's dtype.
 
 def _merge_returning_ids_when_nothing_merges(ids, pair, new_id):
     return ids if pair not in set(zip(ids, ids[1:])) else text.merge(ids, pair, new_id)
@@ -1021,10 +1016,10 @@ def test_a_tokenizer_or_embedding_that_breaks_its_docstring_loses_points(check_n
 
 # -- Module 15 ----------------------------------------------------------------------------------
 # generate appends the ids drawn from next_token_probs to a context on the model's device. A
-# next_token_probs whose greedy branch built its one-hot table on the host (np.zeros, then
-# Tensor(probs)) earned 15/15, yet generate(temperature=0) of a model on a GPU (or the strict
-# device) raised "expected tensors on the same device". The docstring now says the result is on
-# the logits' device, and the check runs next_token_probs there.
+# next_token_probs whose greedy branch builds its one-hot table on the host (np.zeros, then
+# Tensor(probs)) makes generate(temperature=0) of a model on a GPU (or the strict device) raise
+# "expected tensors on the same device". The docstring says the result is on the logits' device,
+# and the check runs next_token_probs there.
 
 def next_token_probs_greedy_on_the_host(logits, temperature=1.0, top_k=None):
     """A student's next_token_probs: right on the cpu, but its greedy table lives on the host."""

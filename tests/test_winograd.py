@@ -196,8 +196,8 @@ def test_backward_twice_with_retain_graph_and_another_forward_between() -> None:
 
 
 def test_an_empty_batch() -> None:
-    """No images: an empty result, an empty input gradient and a zero weight gradient (it used to raise
-    ValueError: range() arg 3 must not be zero)."""
+    """No images: an empty result, an empty input gradient and a zero weight gradient (not ValueError: range()
+    arg 3 must not be zero)."""
     x = tt.zeros(0, 32, 5, 6, requires_grad=True)
     w = tt.randn(32, 32, 3, 3, requires_grad=True)
     out = F.conv2d(x, w, padding=1)

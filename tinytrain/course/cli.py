@@ -462,8 +462,7 @@ def _milestone(args: argparse.Namespace) -> int:
         raise
     available = sorted(getattr(milestones, "MILESTONES", {}))
     if args.name not in available:
-        later = " (the CNN milestone arrives with Module 11, convolutions)" if args.name == "cnn" else ""
-        raise UsageError(f"no milestone {args.name!r} yet{later}; available: {', '.join(available) or 'none'}")
+        raise UsageError(f"no milestone {args.name!r}; available: {', '.join(available) or 'none'}")
     return int(milestones.main(args.name, args.options) or 0)
 
 
