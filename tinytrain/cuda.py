@@ -26,6 +26,7 @@ import numpy as np
 from tinytrain.backend import DEFAULT_FLOAT, Backend
 
 
+# student: Module 12
 def matmul_cost(m: int, k: int, n: int, itemsize: int = 4) -> tuple[int, int]:
     """``(FLOPs, bytes)`` of the product of an ``(m, k)`` and a ``(k, n)`` matrix.
 
@@ -37,6 +38,7 @@ def matmul_cost(m: int, k: int, n: int, itemsize: int = 4) -> tuple[int, int]:
     return 2 * m * k * n, itemsize * (m * k + k * n + m * n)
 
 
+# student: Module 12
 def roofline_seconds(flops: float, nbytes: float, peak_flops: float, bandwidth: float,
                      launch_seconds: float = 0.0) -> float:
     """Roofline estimate of an operation's time: the launch cost plus the slower of
@@ -68,16 +70,19 @@ class DrawCounter:
         self.seed = secrets.randbits(64) if seed is None else int(seed) & _MASK64
         self.draws = 0
 
+    # student: Module 12
     def next_seed(self) -> int:
         """``draw_seed(seed, draws)`` for the next draw; counts the draw."""
         value = draw_seed(self.seed, self.draws)
         self.draws += 1
         return value
 
+    # student: Module 12
     def state(self) -> dict:
         """``{"generator": GENERATOR, "seed": seed, "draws": draws}``: plain data for a checkpoint."""
         return {"generator": GENERATOR, "seed": self.seed, "draws": self.draws}
 
+    # student: Module 12
     def load_state(self, state: Any) -> None:
         """Restore what :meth:`state` returned.
 
@@ -106,6 +111,7 @@ class DrawCounter:
 SCATTER_ADD_DTYPES = tuple(np.dtype(name) for name in ("float16", "float32", "float64", "int32", "uint32", "uint64"))
 
 
+# student: Module 12
 def scatter_add(cupyx: Any, target: Any, index: Any, values: Any) -> None:
     """``target[index] += values`` in place on the GPU, repeated indices adding up.
 
@@ -261,6 +267,7 @@ class CupyBackend(Backend):
         self.make_current()
         return self._cupy.asarray(data, dtype=dtype)
 
+    # student: Module 12
     def from_host(self, array: np.ndarray) -> Any:
         """A copy of the NumPy ``array`` on this GPU, with its dtype: make this GPU current
         (:meth:`make_current`, which leaves it current, as every array-making method here
@@ -268,6 +275,7 @@ class CupyBackend(Backend):
         self.make_current()
         return self._cupy.asarray(array)
 
+    # student: Module 12
     def to_host(self, array: Any) -> np.ndarray:
         """A NumPy copy of ``array`` in its own memory order (``order="A"``), which must live
         on this GPU; otherwise ``TypeError`` naming this backend's device (``'cuda:1'``) and

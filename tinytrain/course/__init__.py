@@ -4,6 +4,7 @@ Hand-written; none of it is generated from a lesson and none of it is the studen
 
 * ``cli``: the ``tinytrain`` command (``python -m tinytrain``)
 * ``build``: library files and student notebooks from ``modules/``
+* ``markers``: the comment above each library function that is the student's
 * ``inventory``: which teaching module each library file belongs to, and whose code it holds
 * ``notebooks``: reading a notebook's export cells
 * ``overlay``: running a notebook's code as modules laid over the package
