@@ -987,6 +987,19 @@ def test_an_all_reduce_in_float64_loses_its_points():
            "the buffer is float32 whatever the gradients' dtype")
 
 
+def _shard_indices_wrapping_once(order, rank, world_size):
+    """Pads with one copy of the start of ``order``: too short when there are more ranks than samples."""
+    total = -(-len(order) // world_size) * world_size
+    return np.concatenate([order, order[:total - len(order)]])[rank::world_size]
+
+
+def test_a_shard_indices_that_wraps_only_once_loses_its_points():
+    graded = _graded("13_scale")
+    graded.test_shard_indices(_student(distributed))
+    _fails(graded.test_shard_indices, _student(distributed, shard_indices=_shard_indices_wrapping_once),
+           "more ranks than samples: keep wrapping", "got [[4], [2], [4], [2], []]")
+
+
 # -- Module 14 ----------------------------------------------------------------------------------
 # A student's third read: a merge that hands back `ids` itself when nothing merges ("A new list"), a
 # train that keeps the old merges for a text without pairs ("Merges learned before are replaced"),

@@ -22,8 +22,8 @@ from tinytrain.tensor import Tensor
 # student: Module 13
 def shard_indices(order: np.ndarray, rank: int, world_size: int) -> np.ndarray:
     """Rank ``rank``'s share of an epoch's sample ``order``: every ``world_size``-th index
-    from position ``rank``, after padding ``order`` by wrapping around to a multiple of
-    ``world_size`` (so every rank gets ``ceil(len(order) / world_size)`` indices)."""
+    from position ``rank``, after padding ``order`` by wrapping around (as often as it takes)
+    to a multiple of ``world_size`` (so every rank gets ``ceil(len(order) / world_size)`` indices)."""
     total = -(-len(order) // world_size) * world_size
     padded = np.resize(order, total) if total != len(order) else order  # np.resize repeats from the start
     return padded[rank::world_size]
