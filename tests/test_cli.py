@@ -407,6 +407,16 @@ def test_a_broken_export_does_not_break_the_command(copy) -> None:
     assert run(code="import tinytrain as tt; tt.nn.ReLU").returncode == 0
 
 
+def test_doctor_names_a_broken_export_of_a_file_imported_on_demand(copy) -> None:
+    """tinytrain.cuda loads only when a GPU is asked for; doctor imports it anyway, and still reports on the GPU."""
+    run, package = copy
+    header = inventory.EXPORT_HEADER.format(notebook="12_accelerators.ipynb", module="12_accelerators", number="12")
+    (package / "cuda.py").write_text(f"{header}\n\nraise RuntimeError('my bug')\n")
+    doctor = run("doctor")
+    assert doctor.returncode == 1 and "[FAIL] tinytrain.cuda does not import: RuntimeError: my bug" in doctor.stdout
+    assert "tinytrain reset 12" in doctor.stdout and "GPU: " in doctor.stdout, doctor.stdout
+
+
 def test_reset_from_the_backup_without_sources(copy, tmp_path: Path) -> None:
     run, package = copy
     original = (package / "nn/activations.py").read_text()

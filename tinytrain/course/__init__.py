@@ -13,6 +13,7 @@ Hand-written; none of it is generated from a lesson and none of it is the studen
 * ``export``: a notebook's code into the package, and the reference back
 * ``imports``: which names one exported file needs from its siblings
 * ``doctor``: ``tinytrain doctor``, the installation checks
+* ``gpu``: the GPU part of ``doctor`` (the CuPy wheel, the driver, a kernel on ``cuda:0``)
 * ``milestones``: the end-to-end training runs
 
 The command starts without importing the library (``cli`` and the modules it
