@@ -86,8 +86,8 @@ def _exported_files(notebook: Path, module: str,
         added = restored.count("\n") - code.count("\n")  # imports that no cell held, put after the first imports
         position = _import_position(code)
         lines = lines[:position] + [None] * added + lines[position:]
-        marked, added_lines = markers.mark(restored, _students_functions(module, target, package), module[:2])
-        for index in added_lines:  # ascending: each index counts the marker lines above it
+        marked, marker_lines = markers.mark(restored, _students_functions(module, target, package), module[:2])
+        for index in marker_lines:  # ascending: each index counts the marker lines above it
             lines.insert(index, None)
         texts[target] = f"{header}\n\n{marked}\n"
         origins[target] = [None, None] + lines
