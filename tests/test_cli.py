@@ -253,6 +253,7 @@ def test_export_then_reset(copy, tmp_path: Path) -> None:
     exported = (package / "nn/activations.py").read_text()
     assert exported.startswith("# Exported by `tinytrain export` from ") and "(module 03_activations)" in exported
     assert exported.split("\n", 1)[1] == original.split("\n", 1)[1]
+    assert exported.count("# student: Module 03\n") == 8  # as in the reference: six functions, two methods
     assert (package / inventory.BACKUP_DIR / "03_activations/reference/nn.activations.py.orig").read_text() == original
 
     status = run("status", "--json")
@@ -369,9 +370,10 @@ def test_export_refuses_code_that_does_not_import(copy, tmp_path: Path) -> None:
 
 
 def test_an_import_error_on_export_names_the_notebook_cell_and_line(copy, tmp_path: Path) -> None:
+    """The line in the notebook, not in the exported file, which has the student markers above relu and sigmoid."""
     run, _ = copy
-    notebook = _notebook(tmp_path / "03_activations.ipynb", edit=("def relu(x: Tensor) -> Tensor:",
-                                                                  "SCALE = undefined_name\n\n\ndef relu(x: Tensor) -> Tensor:"))
+    notebook = _notebook(tmp_path / "03_activations.ipynb", edit=("def sigmoid(x: Tensor) -> Tensor:",
+                                                                  "SCALE = undefined_name\n\n\ndef sigmoid(x: Tensor) -> Tensor:"))
     cells = nbformat.read(notebook, as_version=4).cells
     number = next(i for i, cell in enumerate(cells, 1) if "undefined_name" in cell.source)
     line = next(i for i, text in enumerate(cells[number - 1].source.split("\n"), 1) if "undefined_name" in text)
@@ -399,6 +401,16 @@ def test_a_broken_export_does_not_break_the_command(copy) -> None:
     assert reset.returncode == 0, reset.stderr
     assert (package / "nn/activations.py").read_text() == original
     assert run(code="import tinytrain as tt; tt.nn.ReLU").returncode == 0
+
+
+def test_doctor_names_a_broken_export_of_a_file_imported_on_demand(copy) -> None:
+    """tinytrain.cuda loads only when a GPU is asked for; doctor imports it anyway, and still reports on the GPU."""
+    run, package = copy
+    header = inventory.EXPORT_HEADER.format(notebook="12_accelerators.ipynb", module="12_accelerators", number="12")
+    (package / "cuda.py").write_text(f"{header}\n\nraise RuntimeError('my bug')\n")
+    doctor = run("doctor")
+    assert doctor.returncode == 1 and "[FAIL] tinytrain.cuda does not import: RuntimeError: my bug" in doctor.stdout
+    assert "tinytrain reset 12" in doctor.stdout and "GPU: " in doctor.stdout, doctor.stdout
 
 
 def test_reset_from_the_backup_without_sources(copy, tmp_path: Path) -> None:

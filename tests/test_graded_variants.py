@@ -26,6 +26,7 @@ import tinytrain.callbacks as callbacks
 import tinytrain.cuda as cuda
 import tinytrain.data as data
 import tinytrain.distributed as distributed
+import tinytrain.nn.attention as attention
 import tinytrain.nn.checkpointing as checkpointing
 import tinytrain.nn.conv as conv
 import tinytrain.nn.embedding as embedding
@@ -38,6 +39,7 @@ import tinytrain.nn.losses as losses
 import tinytrain.nn.transformer as transformer
 import tinytrain.training as training
 from tinytrain.autograd import _accumulate, _freed_graph_error, _unshared, no_grad
+from tinytrain.course import grading
 from tinytrain.serialization import capture_rng_state, restore_rng_state
 
 tensor_module = importlib.import_module("tinytrain.tensor")  # the module: tt.tensor is the factory function
@@ -63,6 +65,23 @@ def _fails(check, student, *expected: str) -> None:
         check(student)
     for text in expected:
         assert text in str(failure.value), str(failure.value)
+
+
+def _report(graded: types.ModuleType, student: types.SimpleNamespace,
+            names: list[str]) -> dict[str, grading.CheckResult]:
+    """What ``tinytrain grade`` reports for the checks ``names`` of ``graded`` run on ``student``: each one's
+    outcome, message and hint, and the failed checks it follows from (``blocked_by``: "fix that first")."""
+    collector = grading.Collector()
+    for name in names:
+        check = getattr(graded, name)
+        result = grading.CheckResult(name, name, check.tinytrain_points, "passed", check.tinytrain_hint,
+                                     after=check.tinytrain_after)
+        try:
+            check(student)
+        except Exception as failure:  # any exception fails a check, as under pytest
+            result.outcome, result.message = "failed", str(failure)
+        collector.results[name] = result
+    return {result.name: result for result in collector.report(graded.__name__).checks}
 
 
 # -- Module 01 ----------------------------------------------------------------------------------
@@ -982,6 +1001,19 @@ def test_an_all_reduce_in_float64_loses_its_points():
            "the buffer is float32 whatever the gradients' dtype")
 
 
+def _shard_indices_wrapping_once(order, rank, world_size):
+    """Pads with one copy of the start of ``order``: too short when there are more ranks than samples."""
+    total = -(-len(order) // world_size) * world_size
+    return np.concatenate([order, order[:total - len(order)]])[rank::world_size]
+
+
+def test_a_shard_indices_that_wraps_only_once_loses_its_points():
+    graded = _graded("13_scale")
+    graded.test_shard_indices(_student(distributed))
+    _fails(graded.test_shard_indices, _student(distributed, shard_indices=_shard_indices_wrapping_once),
+           "more ranks than samples: keep wrapping", "got [[4], [2], [4], [2], []]")
+
+
 # -- Module 14 ----------------------------------------------------------------------------------
 # Wrong Module 14 variants: a merge that hands back `ids` itself when nothing merges ("A new list"), a
 # train that keeps the old merges for a text without pairs ("Merges learned before are replaced"),
@@ -1012,6 +1044,84 @@ def test_a_tokenizer_or_embedding_that_breaks_its_docstring_loses_points(check_n
     graded, student = _graded("14_attention"), {**vars(text), **vars(embedding)}
     getattr(graded, check_name)(types.SimpleNamespace(**student))
     _fails(getattr(graded, check_name), types.SimpleNamespace(**{**student, **replaced}), expected)
+
+
+# The attention checks build on each other: a mistake in MaskedSoftmax or in the scale fails the checks after
+# them too, and the report must point at the cause, not at the step where it shows.
+ATTENTION_CHECKS = ["test_masked_softmax", "test_attention_values", "test_attention_scale", "test_attention_causal",
+                    "test_attention_mask_and_dropout"]
+_MASKED_SOFTMAX, _ATTENTION = attention.MaskedSoftmax, attention.scaled_dot_product_attention
+
+
+class _MaskedSoftmaxMaskingAfter(_MASKED_SOFTMAX):
+    """Zeroes the masked weights of the full softmax: the allowed ones no longer sum to 1."""
+
+    def forward(self, scores, *, allowed):
+        exps = self.xp.exp(scores - scores.max(axis=-1, keepdims=True))
+        self.out = exps / exps.sum(axis=-1, keepdims=True)
+        if allowed is not None:
+            self.out = self.xp.where(allowed, self.out, 0.0)
+        return self.out
+
+
+class _AttentionMaskingAfter:
+    """What a scaled_dot_product_attention that masks the weights after the softmax applies."""
+
+    @staticmethod
+    def apply(scores, *, allowed):
+        weights = _MASKED_SOFTMAX.apply(scores, allowed=None)
+        return weights if allowed is None else weights * tt.tensor(np.asarray(allowed), dtype=weights.dtype)
+
+
+def test_a_mask_applied_after_the_softmax_is_blamed_on_masked_softmax(monkeypatch):
+    graded = _graded("14_attention")
+    monkeypatch.setattr(attention, "MaskedSoftmax", _MaskedSoftmaxMaskingAfter)  # what attention applies
+    report = _report(graded, _student(attention), ATTENTION_CHECKS)
+    assert report["test_masked_softmax"].outcome == "failed" and report["test_attention_values"].outcome == "passed"
+    for name in ("test_attention_causal", "test_attention_mask_and_dropout"):
+        assert report[name].outcome == "failed" and report[name].blocked_by == ["test_masked_softmax"], name
+
+
+def test_masking_after_the_softmax_in_attention_is_named_by_the_causal_hint(monkeypatch):
+    graded = _graded("14_attention")
+    monkeypatch.setattr(attention, "MaskedSoftmax", _AttentionMaskingAfter)
+    report = _report(graded, _student(attention, MaskedSoftmax=_MASKED_SOFTMAX), ATTENTION_CHECKS)
+    causal = report["test_attention_causal"]
+    assert report["test_masked_softmax"].outcome == "passed" and report["test_attention_values"].outcome == "passed"
+    assert causal.outcome == "failed" and causal.blocked_by == [] and "zeroed after the softmax" in causal.hint
+
+
+def _attention_with_default_scale(default_scale):
+    """A scaled_dot_product_attention whose scale=None means ``default_scale(E)`` instead of 1 / sqrt(E)."""
+
+    def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None):
+        return _ATTENTION(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
+                          scale=default_scale(query.shape[-1]) if scale is None else scale)
+
+    return scaled_dot_product_attention
+
+
+def _attention_softmax_over_the_queries(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None):
+    scores = (query / math.sqrt(query.shape[-1])) @ key.transpose(*range(key.ndim - 2), -1, -2)
+    return scores.softmax(-2) @ value
+
+
+@pytest.mark.parametrize("variant, diagnosis", [
+    (_attention_with_default_scale(lambda features: 1.0), "the scores are not scaled: scale=None means 1 / sqrt(E) = "
+                                                          "1 / sqrt(3) (attention_scale checks the scale); 40 of 40"),
+    (_attention_with_default_scale(lambda features: 1 / features), "the scores are divided by E = 3, not by sqrt(E)"),
+    (_attention_softmax_over_the_queries, None),
+], ids=["no scale", "scale 1 over E", "softmax over the queries"])
+def test_a_wrong_scale_is_named_where_attention_values_fails(variant, diagnosis):
+    report = _report(_graded("14_attention"), _student(attention, scaled_dot_product_attention=variant),
+                     ATTENTION_CHECKS)
+    values = report["test_attention_values"]
+    assert values.outcome == "failed" and values.blocked_by == [], values.message
+    if diagnosis is None:  # another mistake: the plain comparison, no word of the scale
+        assert "scale" not in values.message and "40 of 40 differ" in values.message, values.message
+    else:
+        assert diagnosis in values.message, values.message
+        assert report["test_attention_scale"].blocked_by == ["test_attention_values"]
 
 
 # -- Module 15 ----------------------------------------------------------------------------------

@@ -80,6 +80,7 @@ class Function:
     def backward(self, grad: Any) -> tuple:
         raise NotImplementedError
 
+    # student: Module 02
     @classmethod
     def apply(cls, *inputs: Any, **params: Any) -> Any:
         """Run the operation on tensors and record it in the graph if needed.
@@ -124,6 +125,7 @@ class Function:
         return out
 
 
+# student: Module 02
 def sum_to_shape(grad: Any, shape: tuple[int, ...]) -> Any:
     """Undo broadcasting: sum ``grad`` over the axes that broadcasting stretched.
 
@@ -194,6 +196,7 @@ def _accumulate(leaf: Any, grad: Any, unshared: bool = False) -> None:
         leaf.grad = leaf._make(leaf._backend.xp.array(grad, dtype=leaf.dtype, order=order), leaf._backend)
 
 
+# student: Module 02
 def backward(tensor: Any, grad: Any = None, retain_graph: bool = False) -> None:
     """Accumulate d(tensor)/d(leaf), weighted by ``grad``, into every leaf's ``.grad``.
 
@@ -280,6 +283,7 @@ class GradcheckError(AssertionError):
     """An analytic gradient disagrees with the central-difference estimate."""
 
 
+# student: Module 02
 def gradcheck(
     fn: Callable[..., Any], inputs: Sequence[Any], eps: float = 1e-6, atol: float = 1e-5, rtol: float = 1e-3
 ) -> bool:

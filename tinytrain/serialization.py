@@ -40,6 +40,7 @@ class CheckpointError(ValueError):
     """A checkpoint file is truncated, corrupt, foreign or unsafe, or a state is not plain data."""
 
 
+# student: Module 10
 def to_plain(value: Any, where: str = "state") -> Any:
     """``value`` as plain data: tensors and device arrays become NumPy arrays on the host,
     tuples become lists, NumPy scalars become Python values of exact types (``np.float64``
@@ -87,6 +88,7 @@ def to_plain(value: Any, where: str = "state") -> Any:
     )
 
 
+# student: Module 10
 def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], None]) -> None:
     """Create or replace the file ``path`` with what ``write(file)`` writes, atomically.
 
@@ -166,6 +168,7 @@ class SafeUnpickler(pickle.Unpickler):
 
     allowed = _numpy_globals()
 
+    # student: Module 10
     def find_class(self, module: str, name: str) -> Any:
         found = self.allowed.get((module, name))
         if found is None:
@@ -266,6 +269,7 @@ def _refuse_non_plain_data(path: Path, state: dict[str, Any]) -> None:
             raise CheckpointError(f"{path} is corrupt: {where} is a {type(value).__name__}, which is not plain data")
 
 
+# student: Module 10
 def capture_rng_state() -> dict[str, Any]:
     """The states of Python's, NumPy's global and every loaded tinytrain backend's generator:
     ``{"python": ..., "numpy": ..., "backends": {device: state}}``. A backend whose
@@ -279,6 +283,7 @@ def capture_rng_state() -> dict[str, Any]:
     return {"python": random.getstate(), "numpy": np.random.get_state(legacy=False), "backends": backends}
 
 
+# student: Module 10
 def restore_rng_state(state: dict[str, Any]) -> None:
     """Restore what :func:`capture_rng_state` returned (also after a round trip through a file).
 

@@ -4,6 +4,7 @@ Hand-written; none of it is generated from a lesson and none of it is the studen
 
 * ``cli``: the ``tinytrain`` command (``python -m tinytrain``)
 * ``build``: library files and student notebooks from ``modules/``
+* ``markers``: the comment above each library function that is the student's
 * ``inventory``: which teaching module each library file belongs to, and whose code it holds
 * ``notebooks``: reading a notebook's export cells
 * ``overlay``: running a notebook's code as modules laid over the package
@@ -12,6 +13,7 @@ Hand-written; none of it is generated from a lesson and none of it is the studen
 * ``export``: a notebook's code into the package, and the reference back
 * ``imports``: which names one exported file needs from its siblings
 * ``doctor``: ``tinytrain doctor``, the installation checks
+* ``gpu``: the GPU part of ``doctor`` (the CuPy wheel, the driver, a kernel on ``cuda:0``)
 * ``milestones``: the end-to-end training runs
 
 The command starts without importing the library (``cli`` and the modules it

@@ -45,6 +45,7 @@ def output_size(size: int, kernel: int, stride: int = 1, padding: int = 0) -> in
     return (size + 2 * padding - kernel) // stride + 1
 
 
+# student: Module 11
 def im2col(xp: Any, x: Any, kernel: tuple[int, int], stride: tuple[int, int], out: Any = None) -> Any:
     """Unfold the (already padded) images ``x`` of shape ``(N, C, H, W)`` into columns.
 
@@ -64,6 +65,7 @@ def im2col(xp: Any, x: Any, kernel: tuple[int, int], stride: tuple[int, int], ou
     return out
 
 
+# student: Module 11
 def col2im(xp: Any, cols: Any, shape: tuple[int, ...], kernel: tuple[int, int], stride: tuple[int, int],
            out: Any = None) -> Any:
     """The adjoint of :func:`im2col`: add every entry of ``cols`` ``(N, C*kH*kW, L)``
@@ -197,6 +199,7 @@ class Conv2dFunction(Function):
     ``backward`` returns one gradient per input: two without a bias, three with one,
     each in ``grad``'s dtype (float32 for a float32 layer: no float64 accumulators)."""
 
+    # student: Module 11
     def forward(self, x: Any, weight: Any, bias: Any = None, *, stride: tuple[int, int],
                 padding: tuple[int, int]) -> Any:
         xp = self.xp
@@ -229,6 +232,7 @@ class Conv2dFunction(Function):
         self.cols, self.weight, self.stride, self.padding = cols, weight, stride, padding
         return out.reshape(n, out_channels, out_h, out_w)
 
+    # student: Module 11
     def backward(self, grad: Any) -> tuple:
         need_x, need_weight = self.inputs[0].requires_grad, self.inputs[1].requires_grad
         need_bias = len(self.inputs) == 3 and self.inputs[2].requires_grad
@@ -282,6 +286,7 @@ class Conv2dFunction(Function):
         return grad_x, grad_weight, grad_bias
 
 
+# student: Module 11
 def conv2d(x: Tensor, weight: Tensor, bias: Tensor | None = None, stride: Any = 1, padding: Any = 0, *,
            b: Tensor | None = None) -> Tensor:
     """2-D convolution (cross-correlation, as in every DL library) of ``x`` (N, C, H, W)
@@ -331,6 +336,7 @@ class Conv2d(Module):
     (PyTorch's default). ``kernel_size``, ``stride`` and ``padding`` are ints or pairs.
     """
 
+    # student: Module 11
     def __init__(self, in_channels: int, out_channels: int, kernel_size: Any, stride: Any = 1, padding: Any = 0,
                  bias: bool = True) -> None:
         super().__init__()
@@ -409,6 +415,7 @@ class MaxPool2dFunction(Function):
     weights' gradients are NaN whichever element gets the window's gradient.
     """
 
+    # student: Module 11
     def forward(self, x: Any, *, kernel: tuple[int, int], stride: tuple[int, int]) -> Any:
         xp = self.xp
         n, c, height, width = x.shape
@@ -428,6 +435,7 @@ class MaxPool2dFunction(Function):
         self.winner, self.shape, self.kernel, self.stride = winner, x.shape, kernel, stride
         return best
 
+    # student: Module 11
     def backward(self, grad: Any) -> tuple:
         xp = self.xp
         grad_x, slices, tiled = gradient_slices(xp, self.shape, self.kernel, self.stride, grad.dtype)
@@ -444,6 +452,7 @@ class MaxPool2dFunction(Function):
 class AvgPool2dFunction(Function):
     """Mean over each window; backward gives every element of a window an equal share."""
 
+    # student: Module 11
     def forward(self, x: Any, *, kernel: tuple[int, int], stride: tuple[int, int]) -> Any:
         slices = window_slices(self.xp, x, kernel, stride)
         total = buffers.empty(self.xp, slices[0].shape, x.dtype)
@@ -454,6 +463,7 @@ class AvgPool2dFunction(Function):
         self.shape, self.kernel, self.stride = x.shape, kernel, stride
         return total
 
+    # student: Module 11
     def backward(self, grad: Any) -> tuple:
         share = grad / (self.kernel[0] * self.kernel[1])
         grad_x, slices, tiled = gradient_slices(self.xp, self.shape, self.kernel, self.stride, grad.dtype)
