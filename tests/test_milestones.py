@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -123,3 +124,36 @@ def test_a_failed_milestone_names_the_exported_modules_a_wrong_result_may_come_f
     out = capsys.readouterr().out
     assert "test accuracy 0.1000 (pass mark 0.97): FAIL" in out
     assert out.rstrip().endswith("note: (your exported 07_optimizers: missing the pass mark)")
+
+
+# Runs `python ARGS` (a script, or -m MODULE) and prints the BLAS setting at the moment NumPy is first imported.
+AT_NUMPY_IMPORT = """
+import os, runpy, sys
+
+class NumpyImport:
+    def find_spec(self, name, path=None, target=None):
+        if name == "numpy":
+            print("OPENBLAS_NUM_THREADS as NumPy loads:", os.environ.get("OPENBLAS_NUM_THREADS"))
+            sys.meta_path.remove(self)
+        return None
+
+sys.meta_path.insert(0, NumpyImport())
+sys.argv = sys.argv[1:]
+if sys.argv[0] == "-m":
+    sys.argv = sys.argv[1:]
+    runpy.run_module(sys.argv[0], run_name="__main__", alter_sys=True)
+else:
+    runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+@pytest.mark.parametrize("command", [(str(MLP), "--help"), ("-m", "tinytrain", "milestone", "mlp", "--help")],
+                         ids=["script", "tinytrain milestone"])
+def test_a_milestone_asks_for_one_blas_thread_before_numpy_loads(command: tuple[str, ...]) -> None:
+    """BLAS reads its thread count as NumPy loads it: a setting made after that changes nothing."""
+    variables = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
+    env = {name: value for name, value in os.environ.items() if name not in variables}
+    result = subprocess.run([sys.executable, "-c", AT_NUMPY_IMPORT, *command], capture_output=True, text=True,
+                            env=env, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "OPENBLAS_NUM_THREADS as NumPy loads: 1\n" in result.stdout, result.stdout
