@@ -79,7 +79,7 @@ def _build(args: argparse.Namespace) -> int:
     for path in result.written:
         print(f"wrote {path.relative_to(root).as_posix()}")
     for path in result.removed:
-        print(f"removed {path.relative_to(root).as_posix()} (no module exports it any more)")
+        print(f"removed {path.relative_to(root).as_posix()} (no module source or milestone makes it any more)")
     if not result.written and not result.removed:
         print("up to date")
     return 0
@@ -92,7 +92,7 @@ def _report_stale(root: Path, stale: dict[Path, str]) -> int:
         return 0
     for path in sorted(stale):
         print(f"{path.relative_to(root).as_posix()}: {stale[path]}")
-    print(f"{len(stale)} generated file(s) differ from the module sources; run `tinytrain build`")
+    print(f"{len(stale)} generated file(s) differ from their sources (modules/, milestones/); run `tinytrain build`")
     return 1
 
 
