@@ -171,7 +171,8 @@ def test_tinytrain_milestone_runs_the_projects_recipes_else_the_copies_in_the_pa
 
 
 def test_an_installed_wheel_runs_the_milestones_without_the_project(tmp_path: Path) -> None:
-    """`pip install .` copies the package alone: `tinytrain milestone` runs the recipes shipped inside it."""
+    """`pip install .` copies the package alone: `tinytrain milestone` runs the recipes shipped inside it, and a
+    clone's scripts run on the installed package."""
     source = tmp_path / "source"
     shutil.copytree(ROOT / "tinytrain", source / "tinytrain",
                     ignore=shutil.ignore_patterns("__pycache__", ".tinytrain-backup"))
@@ -194,7 +195,10 @@ def test_an_installed_wheel_runs_the_milestones_without_the_project(tmp_path: Pa
     where = subprocess.run([sys.executable, "-c", "import tinytrain; print(tinytrain.__file__)"], cwd=work, env=env,
                            capture_output=True, text=True, check=True)
     assert Path(where.stdout.strip()).is_relative_to(site)
-    result = subprocess.run([sys.executable, "-m", "tinytrain", "milestone", "mlp", "--epochs", "1", "--warmup", "0",
-                             "--out", "run"], cwd=work, env=env, capture_output=True, text=True, timeout=300)
-    assert result.returncode in (0, 1) and "test accuracy" in result.stdout, result.stdout + result.stderr
-    assert json.loads((work / "run" / "result.json").read_text())["epochs_done"] == 1
+    options = ("--epochs", "1", "--warmup", "0", "--out")
+    # `tinytrain milestone mlp`, and the README's `pip install '.[milestones]' && python milestones/mlp.py`
+    for command, out in (("-m", "tinytrain", "milestone", "mlp"), "command"), ((str(MLP),), "script"):
+        result = subprocess.run([sys.executable, *command, *options, out], cwd=work, env=env, capture_output=True,
+                                text=True, timeout=300)
+        assert result.returncode in (0, 1) and "test accuracy" in result.stdout, result.stdout + result.stderr
+        assert json.loads((work / out / "result.json").read_text())["epochs_done"] == 1
