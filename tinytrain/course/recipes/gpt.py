@@ -87,6 +87,7 @@ config = tt.nn.GPTConfig(tokenizer.vocab_size, settings.context, settings.n_laye
 model = tt.nn.GPT(config).to(settings.device)
 
 
+# -- loss ------------------------------------------------------------------------------------------------------------
 def language_model_loss(logits: tt.Tensor, targets: tt.Tensor) -> tt.Tensor:
     """The mean cross-entropy of every next-character prediction: (B, T, V) logits against (B, T) ids, each
     position counted as one sample of (B*T, V) against (B*T,)."""
