@@ -590,6 +590,14 @@ print(layer, "OK")
 # far only if it is **strictly** greater — that is the "first maximum" rule.
 # Backward hands the gradient of each window to the offset stored for it.
 #
+# Keep the running maximum with `xp.maximum`, not with that comparison: a window
+# holding **NaN gives NaN**, as in PyTorch, so that a NaN activation cannot
+# vanish in the next layer. `xp.maximum` passes a NaN on from either argument,
+# but every comparison with NaN is False, so
+# `xp.where(candidate > best, candidate, best)` would silently drop it. (Where
+# such a window's gradient goes is left open: see `MaxPool2dFunction`'s
+# docstring.)
+#
 # Two details. Start the running maximum from a **copy** of the first offset's
 # slice (not zeros: values may be negative; and not the slice itself: on the
 # tiled path below the slices are views of the input, and `out=` into one would
@@ -692,7 +700,7 @@ class MaxPool2dFunction(Function):
                 better = slices[k] > part_best  # strictly: on a tie the earlier offset stays the winner
                 # offsets only grow, so "set winner to k where better" is a maximum (and 20x faster than masking)
                 xp.maximum(part_winner, better * part_winner.dtype.type(k), out=part_winner)
-                xp.maximum(part_best, slices[k], out=part_best)
+                xp.maximum(part_best, slices[k], out=part_best)  # not where(better, ...): NaN must pass on
         self.winner, self.shape, self.kernel, self.stride = winner, x.shape, kernel, stride
         return best
         ### END SOLUTION
@@ -791,6 +799,8 @@ x = tt.tensor([[[[1.0, 3.0, 2.0, 2.0], [3.0, 0.0, 2.0, 1.0], [5.0, 6.0, 0.0, 0.0
               requires_grad=True)
 y = max_pool2d(x, 2)
 assert y.numpy().tolist() == [[[[3.0, 2.0], [8.0, 0.0]]]]
+holes = max_pool2d(tt.tensor([[[[1.0, np.nan, 5.0, 4.0], [0.0, 2.0, 3.0, np.nan]]]]), 2).numpy()
+assert np.isnan(holes).all(), f"a window holding NaN gives NaN (keep the best with xp.maximum), got {holes}"
 y.backward(tt.tensor([[[[10.0, 20.0], [30.0, 40.0]]]]))
 assert x.grad.numpy()[0, 0].tolist() == [[0, 10, 20, 0], [0, 0, 0, 0], [0, 0, 40, 0], [0, 30, 0, 0]], \
     "ties: the first maximum in each window (row by row) gets the gradient"

@@ -272,7 +272,7 @@ class MaxPool2dFunction(Function):
                 better = slices[k] > part_best  # strictly: on a tie the earlier offset stays the winner
                 # offsets only grow, so "set winner to k where better" is a maximum (and 20x faster than masking)
                 xp.maximum(part_winner, better * part_winner.dtype.type(k), out=part_winner)
-                xp.maximum(part_best, slices[k], out=part_best)
+                xp.maximum(part_best, slices[k], out=part_best)  # not where(better, ...): NaN must pass on
         self.winner, self.shape, self.kernel, self.stride = winner, x.shape, kernel, stride
         return best
 
