@@ -312,7 +312,9 @@ print("im2col OK")
 #
 # With stride 1 and a 3×3 kernel the nine slices overlap, which is why it must
 # be `+=`, never `=`. Finally, the gradient of a padded image has the padding
-# cut off: the zeros we added are not inputs.
+# cut off: the zeros we added are not inputs. For a padded height $H$ the input's
+# rows are `ph : H - ph` — not `ph : -ph`: with padding 0 that is `0 : -0`, and
+# since `-0` is `0` the slice `0 : 0` is empty (the same across, with `pw`).
 
 # %% export="nn/conv"
 def col2im(xp: Any, cols: Any, shape: tuple[int, ...], kernel: tuple[int, int], stride: tuple[int, int],
@@ -365,7 +367,7 @@ print("col2im OK")
 # * $\bar A$: `xp.matmul(g, cols.transpose(0, 2, 1))` gives one $(O, C k_H k_W)$
 #   matrix per image; sum them over the batch axis.
 # * $\overline{\text{cols}}$: `xp.matmul(w_rows.T, g)`, then `col2im` into the
-#   padded shape, then cut off the padding.
+#   padded shape, then cut off the padding (`ph : H - ph`).
 # * $\bar b$: `g.sum(axis=(0, 2))`.
 #
 # The reference starts both methods with a hand-off: on NumPy,
@@ -445,6 +447,10 @@ for (n, c, h, w_), (o, kh, kw), stride, padding in [
         np.testing.assert_allclose(ours, conv2d_loops(x, weight, bias, stride[0], padding[0]), atol=1e-10)
     assert ours.shape == (n, o, output_size(h, kh, stride[0], padding[0]), output_size(w_, kw, stride[1], padding[1]))
     leaves = [tt.tensor(a, dtype="float64", requires_grad=True) for a in (x, weight, bias)]
+    Conv2dFunction.apply(*leaves, stride=stride, padding=padding).sum().backward()
+    assert leaves[0].grad.shape == x.shape, \
+        f"padding {padding}: the input gradient has shape {leaves[0].grad.shape}, the input {x.shape} (with padding " \
+        "0, ph:-ph is 0:-0, which is 0:0, an empty slice: cut the padding off with ph:H - ph)"
     assert tt.gradcheck(lambda x, w, b: Conv2dFunction.apply(x, w, b, stride=stride, padding=padding), leaves)
 print("Conv2dFunction OK")
 

@@ -256,6 +256,17 @@ WIDE_X, WIDE_WEIGHT = (2, 32, 5, 3), (32, 32, 3, 3)
 # to become NumPy arrays). The library hands NumPy layers to its kernels (tinytrain.kernels.convolution), so the
 # reference's recipe itself runs only off the CPU: every rule of the recipe is checked on both.
 DEVICES = {"cpu": "", "strict": ", on the strict device"}
+CROP = ("with padding 0, `ph:-ph` is `0:-0`, which is `0:0`: an empty slice; cut the padding off with "
+        "`ph:H - ph` (H the padded height; `pw:W - pw` across)")
+
+
+def expect_input_gradient_shape(got_shape, expected_shape, padding, what):
+    """The input gradient's shape; one that came out empty along an axis without padding names the likely cause."""
+    if tuple(got_shape) == tuple(expected_shape):
+        return
+    cause = any(got_shape[axis] == 0 != expected_shape[axis] and pad == 0 for axis, pad in zip((2, 3), padding))
+    raise AssertionError(f"{what}: expected an input gradient of shape {tuple(expected_shape)}, got shape "
+                         f"{tuple(got_shape)}" + (f": {CROP}" if cause else ""))
 
 
 @check(points=2, hint="Conv2dFunction.forward: pad H by padding[0] and W by padding[1] whenever either is non-zero, "
@@ -296,8 +307,9 @@ def test_conv_forward(student):
 
 
 @check(points=2, hint="Conv2dFunction.backward: with g = grad as (N, O, L): grad_weight = sum over n of "
-                      "g[n] @ cols[n].T reshaped to the weight's shape; grad_cols = W_rows.T @ g, col2im, then cut "
-                      "the padding off; grad_bias = g.sum over (0, 2); return one gradient per input",
+                      "g[n] @ cols[n].T reshaped to the weight's shape; grad_cols = W_rows.T @ g, col2im into the "
+                      "padded shape, then cut the padding off with ph:H - ph (with padding 0, ph:-ph is 0:0, an empty "
+                      "slice); grad_bias = g.sum over (0, 2); return one gradient per input",
        after=("test_conv_forward",))
 def test_conv_backward_gradcheck(student):
     for device, on in DEVICES.items():
@@ -306,6 +318,9 @@ def test_conv_backward_gradcheck(student):
             x, w, b = (t64(RNG.standard_normal(s), requires_grad=True, device=device)
                        for s in (x_shape, w_shape, w_shape[:1]))
             where = f"x {x_shape}, weight {w_shape}, stride {stride}, padding {padding}{on}"
+            # gradcheck reads the gradient element by element: one of the wrong shape would fail it with an IndexError
+            student.Conv2dFunction.apply(x, w, b, stride=stride, padding=padding).sum().backward()
+            expect_input_gradient_shape(x.grad.shape, x_shape, padding, f"Conv2dFunction, {where}")
             expect_gradcheck(lambda x, w, b: student.Conv2dFunction.apply(x, w, b, stride=stride, padding=padding),
                              [x, w, b], f"Conv2dFunction with a bias, {where}")
             expect_gradcheck(lambda x, w: student.Conv2dFunction.apply(x, w, stride=stride, padding=padding),
@@ -337,6 +352,7 @@ def check_backward_against_loops(student, device, on):
         grad_x, grad_w, _ = loops_conv_grads(x, w, g, stride, padding)
         where = f"x {x_shape}, weight {w_shape}, stride {stride}, padding {padding}{on}"
         if frozen != "x":
+            expect_input_gradient_shape(xt.grad.shape, x_shape, padding, where)
             expect_close(xt.grad, grad_x, f"input gradient, {where}", atol=1e-10)
         else:
             assert xt.grad is None, f"{where}, x without requires_grad: expected no gradient, got {xt.grad}"
