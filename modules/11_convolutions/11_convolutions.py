@@ -452,6 +452,15 @@ for (n, c, h, w_), (o, kh, kw), stride, padding in [
         f"padding {padding}: the input gradient has shape {leaves[0].grad.shape}, the input {x.shape} (with padding " \
         "0, ph:-ph is 0:-0, which is 0:0, an empty slice: cut the padding off with ph:H - ph)"
     assert tt.gradcheck(lambda x, w, b: Conv2dFunction.apply(x, w, b, stride=stride, padding=padding), leaves)
+results = []
+for device in ("cpu", "strict"):  # the strict test device's arrays refuse to become NumPy arrays: xp, never np
+    leaves = [tt.tensor(a, dtype="float64", device=device, requires_grad=True) for a in (x, weight, bias)]
+    out = Conv2dFunction.apply(*leaves, stride=stride, padding=padding)
+    out.backward(tt.tensor(np.ones(out.shape), dtype="float64", device=device))
+    results.append([out.numpy()] + [leaf.grad.numpy() for leaf in leaves])
+for name, on_cpu, on_strict in zip(["the result", "x's gradient", "the weight's gradient", "the bias's gradient"],
+                                   *results):
+    np.testing.assert_allclose(on_strict, on_cpu, atol=1e-10, err_msg=f"{name} on the strict device")
 print("Conv2dFunction OK")
 
 # %% [markdown]
