@@ -1260,23 +1260,23 @@ buffers.max_bytes = limit
 # blocks come and go) every step faults in thousands of pages again: the columns
 # (3.8 + 7.0 MiB for the two convolutions), the outputs and gradients of
 # convolution and pooling; the kernel zeroes every page before handing it over.
-# On our machine (two runs):
+# On our machine (three runs, with other programs running):
 #
 # | setting | ms per step | page faults per step |
 # |---|---:|---:|
-# | C library defaults | 29.2, 29.4 | 7,949 |
-# | defaults + buffer cache | 22.6, 18.6 | 2,976 |
-# | keep freed memory | 11.7, 11.9 | 0 |
-# | keep freed memory + buffer cache | 13.4, 11.8 | 0 |
+# | C library defaults | 52.2, 38.7, 51.2 | 7,737–8,024 |
+# | defaults + buffer cache | 28.0, 29.9, 28.0 | 4,225–4,512 |
+# | keep freed memory | 14.9, 15.4, 21.1 | 0 |
+# | keep freed memory + buffer cache | 15.8, 15.3, 17.1 | 0 |
 #
-# The buffer cache removes the faults of the arrays it holds; the others (ReLU's
-# outputs, gradients, the matrix products' results) still fault. Keeping freed
-# memory in the heap removes every fault and is faster than the cache, and
-# adding the cache on top makes the step no faster, in one run slower. Most
-# likely the reason is where the arrays lie: the heap hands an array freed at
-# the end of one step back at the next from memory the step just used, while
-# the cache keeps arrays of its own, more than the CPU's caches hold. So
-# `buffers` is switched off (`max_bytes = 0`) wherever
+# The buffer cache removes the faults of the arrays it holds (the convolutions'
+# columns, results and gradients: 19.4 MiB); the others (pooling's arrays,
+# ReLU's outputs, the other gradients) still fault. Keeping freed memory in the
+# heap removes every fault and is faster than the cache, and adding the cache on
+# top makes the step no faster. Most likely the reason is where the arrays lie:
+# the heap hands an array freed at the end of one step back at the next from
+# memory the step just used, while the cache keeps arrays of its own, more than
+# the CPU's caches hold. So `buffers` is switched off (`max_bytes = 0`) wherever
 # `tinytrain.runtime.allocator.in_effect()` (on Linux, unless
 # `TINYTRAIN_KEEP_FREED_MEMORY=0`) and serves where the C library cannot be told
 # (macOS, for one). The price of either remedy is memory: the process keeps
