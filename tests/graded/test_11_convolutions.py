@@ -6,8 +6,9 @@ initialisation, max and average pooling (values, the first-maximum tie rule, ove
 ``student`` is the module's code: the installed package's, or a notebook's
 (``tinytrain grade 11``). Every value is compared with a plain NumPy loop written
 here, independent of im2col; gradients also with ``tt.gradcheck`` in float64 on
-tiny shapes. The convolution's checks run on the CPU and on the strict device. ``conv2d_loops`` lives in a lesson cell, not an export cell, so it is
-not among ``student``'s names: :func:`lesson_function` runs the cell that defines it.
+tiny shapes. The convolution's checks run on the CPU and on the strict device.
+``conv2d_loops`` lives in a lesson cell, not an export cell, so it is not among
+``student``'s names: :func:`lesson_function` runs the cell that defines it.
 """
 import ast
 import re
