@@ -320,6 +320,34 @@ def _safe_dtype(*args: Any) -> np.dtype:
     return dtype
 
 
+class _ArrayInFile:
+    """One array's bytes in a version 3 file: where they are, how many, their CRC-32. The header's
+    ``_frombuffer`` reads them, a few megabytes at a time, into a new array of the dtype and shape it
+    names -- its own memory, in the memory order it was saved in -- checking the CRC-32 as it goes."""
+
+    def __init__(self, path: Path, file: BinaryIO, offset: int, size: int, crc: int) -> None:
+        self.path, self.file, self.offset, self.size, self.crc, self.used = path, file, offset, size, crc, False
+
+    def read(self, dtype: np.dtype, shape: Any, order: Any) -> np.ndarray:
+        shape = tuple(shape) if isinstance(shape, (tuple, list)) else (shape,)
+        if self.used or not all(type(n) is int and n >= 0 for n in shape) or \
+                int(np.prod(shape, dtype=object)) * dtype.itemsize != self.size:
+            raise CheckpointError(f"{self.path} is corrupt: its header asks for an array of {shape} {dtype} where the "
+                                  f"file holds {self.size} bytes")
+        self.used = True
+        array = np.empty(shape, dtype=dtype, order="F" if order == "F" else "C")
+        raw = memoryview(array.ravel(order="K")).cast("B")  # the array's memory, as bytes in file order
+        self.file.seek(self.offset)
+        checksum = 0
+        for start in range(0, self.size, CHUNK):
+            piece = raw[start:start + CHUNK]
+            self.file.readinto(piece)  # the sizes were checked against the file's: every piece is there
+            checksum = crc32(piece, checksum)
+        if checksum != self.crc:
+            raise _damaged(self.path)
+        return array
+
+
 def _numpy_globals() -> dict[tuple[str, str], Any]:
     """The globals NumPy's array pickles name (both the NumPy 2 and NumPy 1 spellings)."""
     try:
@@ -477,34 +505,6 @@ def read_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
 def _damaged(path: Path) -> CheckpointError:
     return CheckpointError(f"{path} is corrupt: the checksum of its contents does not match the one saved with them "
                            "(the file was damaged after it was written); load an earlier checkpoint")
-
-
-class _ArrayInFile:
-    """One array's bytes in a version 3 file: where they are, how many, their CRC-32. The header's
-    ``_frombuffer`` reads them, a few megabytes at a time, into a new array of the dtype and shape it
-    names -- its own memory, in the memory order it was saved in -- checking the CRC-32 as it goes."""
-
-    def __init__(self, path: Path, file: BinaryIO, offset: int, size: int, crc: int) -> None:
-        self.path, self.file, self.offset, self.size, self.crc, self.used = path, file, offset, size, crc, False
-
-    def read(self, dtype: np.dtype, shape: Any, order: Any) -> np.ndarray:
-        shape = tuple(shape) if isinstance(shape, (tuple, list)) else (shape,)
-        if self.used or not all(type(n) is int and n >= 0 for n in shape) or \
-                int(np.prod(shape, dtype=object)) * dtype.itemsize != self.size:
-            raise CheckpointError(f"{self.path} is corrupt: its header asks for an array of {shape} {dtype} where the "
-                                  f"file holds {self.size} bytes")
-        self.used = True
-        array = np.empty(shape, dtype=dtype, order="F" if order == "F" else "C")
-        raw = memoryview(array.ravel(order="K")).cast("B")  # the array's memory, as bytes in file order
-        self.file.seek(self.offset)
-        checksum = 0
-        for start in range(0, self.size, CHUNK):
-            piece = raw[start:start + CHUNK]
-            self.file.readinto(piece)  # the sizes were checked against the file's: every piece is there
-            checksum = crc32(piece, checksum)
-        if checksum != self.crc:
-            raise _damaged(self.path)
-        return array
 
 
 def _arrays_in_file(path: Path, file: BinaryIO, envelope: dict) -> list[_ArrayInFile]:
