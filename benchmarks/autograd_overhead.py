@@ -24,7 +24,7 @@ import numpy as np  # noqa: E402
 import tinytrain as tt  # noqa: E402
 
 ROUNDS = 40  # five operations per round: 200 in all
-TARGET_VS_TORCH = 0.8  # issue 21: tinytrain / PyTorch, at most
+TARGET_VS_TORCH = 0.8  # tinytrain / PyTorch, at most (benchmarks/README.md, "Targets")
 
 
 def chain(x):

@@ -34,7 +34,7 @@ import numpy as np  # noqa: E402
 
 # name: (batch, in_channels, image size, channels of conv 1, channels of conv 2)
 SHAPES = {"mnist": (128, 1, 28, 8, 16), "cifar": (64, 3, 32, 32, 64)}
-TARGETS = {"mnist": 1.0, "cifar": 1.0}  # issue 21: tinytrain / PyTorch, at most
+TARGETS = {"mnist": 1.0, "cifar": 1.0}  # tinytrain / PyTorch, at most (benchmarks/README.md, "Targets")
 CLASSES = 10
 LR, MOMENTUM = 0.01, 0.9
 
@@ -248,9 +248,9 @@ def traced_peak(name: str, shape: str) -> int:
     """
     BUILDERS[name](shape)()
     if name == "tinytrain":
-        from tinytrain.nn import conv
+        from tinytrain.runtime.buffers import buffers
 
-        conv.buffers.clear()  # its arrays were allocated untraced: let the traced steps allocate them again
+        buffers.clear()  # its arrays were allocated untraced: let the traced steps allocate them again
     tracemalloc.start()
     step = BUILDERS[name](shape)
     step()

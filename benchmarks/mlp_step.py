@@ -27,7 +27,7 @@ from _timing import lockstep_medians, run_isolated, spread_note, torch_or_none  
 import numpy as np  # noqa: E402
 
 SIZES = (784, 256, 128, 10)
-TARGETS = {"vs_numpy": 1.0, "vs_torch": 0.85}  # issue 21: tinytrain's time over theirs, at most
+TARGETS = {"vs_numpy": 1.0, "vs_torch": 0.85}  # tinytrain's time over theirs, at most (benchmarks/README.md)
 BATCH = 128
 LR, MOMENTUM = 0.01, 0.9
 

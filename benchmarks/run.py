@@ -55,7 +55,7 @@ if cnn_step is not None and not all(hasattr(cnn_step, name) for name in ("SHAPES
     cnn_step = None
 EPOCH_FRACTION = 0.05  # of each CNN milestone epoch, scaled up (cnn_epoch.py)
 
-TARGETS = {  # tinytrain / reference, at most (issue 21; the GPT's from issue 19)
+TARGETS = {  # tinytrain / reference, at most (benchmarks/README.md, "Targets")
     "mlp_vs_torch": 0.85,
     "mlp_vs_numpy": 1.0,
     "cnn_mnist_vs_torch": 1.0,
@@ -98,7 +98,7 @@ def blas() -> str:
 
     The kernels matter: on our Zen 4 VM OpenBLAS picks its SkylakeX ones, and
     ``OPENBLAS_CORETYPE=Zen`` makes large products 5-10% faster but small ones
-    25-40% slower (README, "Benchmarks"). threadpoolctl reads them where it is
+    25-40% slower (benchmarks/README.md, "BLAS kernels"). threadpoolctl reads them where it is
     installed; otherwise NumPy's build information names the library only.
     """
     try:

@@ -9,7 +9,7 @@ of the package, as ``tinytrain export`` does for a student. The MLP, CNN
 timed in lockstep (``_timing.lockstep_medians``); their first losses must
 agree. No target: the ratio is what a student's milestones cost. A large one
 where the student writes little (the MLP, the GPT) would point at given code
-that makes a correct solution slow, as ``np.add.at`` on slices once did.
+that makes a correct solution slow (``np.add.at`` on slices, say).
 
     python benchmarks/student_library.py [--quick] [--json PATH]
 """

@@ -203,8 +203,8 @@ def test_embedding_errors_name_the_ids_and_the_table(device, other_device) -> No
 
 
 def test_embedding_of_one_int_id_and_of_bad_ids(device) -> None:
-    """An int is one id (shape (D,), like weight[id]); it used to become a float32 tensor and raise 'the ids
-    must be integers, got dtype float32'. Ids that are no integers name the input and what was expected."""
+    """An int is one id (shape (D,), like weight[id]), not a float32 tensor refused with 'the ids must be
+    integers, got dtype float32'. Ids that are no integers name the input and what was expected."""
     layer = nn.Embedding(3, 2).to(device)
     np.testing.assert_array_equal(layer(1).numpy(), layer.weight.numpy()[1])
     np.testing.assert_array_equal(layer(np.int64(2)).numpy(), layer.weight.numpy()[2])

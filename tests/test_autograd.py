@@ -85,7 +85,7 @@ class _NanSlope(Function):
 
 
 def test_gradcheck_catches_a_nan_gradient(device):
-    # The worst mismatch was kept with `excess > worst`, which is False for nan: gradcheck returned True.
+    # Catches a worst mismatch kept with `excess > worst`, which is False for nan: such a gradcheck returns True.
     with pytest.raises(tt.GradcheckError, match="nan"):
         tt.gradcheck(lambda t: _NanSlope.apply(t).sum(), [leaf([0.5, -1.5], device)])
 
@@ -191,7 +191,7 @@ class _SeenGradient(Function):
 
 
 def test_backward_grad_takes_the_tensors_dtype(device):
-    # An array or list went through tt.tensor's default float32 first: 1/3 came back rounded in a float64 graph.
+    # Catches an array or list taken through tt.tensor's default float32: 1/3 comes back rounded in a float64 graph.
     third = [0.1, 1 / 3]
     for given in (np.array(third), third):
         x = leaf([1.0, 2.0], device)
@@ -292,7 +292,7 @@ def test_second_backward_through_same_graph_raises(device):
 
 
 def test_a_backward_that_returns_a_bare_array_raises_naming_the_operation(device):
-    """zip(inputs, grads) used to hand the bare array's first row to the input, silently."""
+    """Unchecked, zip(inputs, grads) would hand the bare array's first row to the input, silently."""
     class Bare(tt.autograd.Function):
         def forward(self, a):
             return a * 2
@@ -306,7 +306,7 @@ def test_a_backward_that_returns_a_bare_array_raises_naming_the_operation(device
 
 
 def test_a_new_graph_through_a_freed_part_raises_the_second_time_error(device):
-    """It raised AttributeError ('Mul' object has no attribute 'sequence') from the engine's heap."""
+    """Not an AttributeError ('Mul' object has no attribute 'sequence') from the engine's heap."""
     x = leaf([1.0, 2.0], device)
     y = x * 2
     y.sum().backward()
@@ -547,7 +547,7 @@ def test_no_grad_works_as_a_decorator_with_or_without_parentheses(device):
 
 
 def test_a_decorated_function_calling_itself_turns_recording_back_on():
-    """One shared instance remembered only the innermost previous state: recording stayed off."""
+    """Catches one shared instance that remembers only the innermost previous state: recording would stay off."""
 
     @tt.no_grad()
     def depth(n):

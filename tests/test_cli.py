@@ -79,7 +79,7 @@ def test_grade_reports_a_syntax_error_with_cell_and_line(tmp_path: Path, capsys)
 
 
 def test_a_print_at_the_top_of_a_cell_leaves_the_json_clean(tmp_path: Path, capsys) -> None:
-    """The notebook ran once more after the checks, uncaptured: stdout began with the print, not the JSON."""
+    """Catches a notebook run once more after the checks, uncaptured: stdout begins with the print, not the JSON."""
     notebook = _notebook(tmp_path / "03_activations.ipynb", edit=("def relu(x: Tensor) -> Tensor:",
                                                                   "print('debugging')\n\n\ndef relu(x: Tensor) -> Tensor:"))
     assert main(["grade", "03", "--notebook", str(notebook), "--root", str(ROOT), "--json"]) == 0
@@ -87,8 +87,8 @@ def test_a_print_at_the_top_of_a_cell_leaves_the_json_clean(tmp_path: Path, caps
 
 
 def test_a_notebook_that_does_not_load_runs_once_and_says_so_once(tmp_path: Path, monkeypatch, capsys) -> None:
-    """Every check ran the failing cells again (an endless loop cost each the time limit), then the report
-    ran them once more; now the first failure is reused."""
+    """The first failure is reused: running the failing cells again for every check (an endless loop would cost
+    each the time limit) and once more for the report would repeat the message."""
     from tinytrain.course import overlay
 
     runs = []
@@ -131,7 +131,8 @@ def test_a_breakpoint_left_in_the_code_fails_its_check_at_once(tmp_path: Path, c
 
 
 def test_a_name_from_a_cell_that_is_not_exported_is_named_with_its_cell(tmp_path: Path, capsys) -> None:
-    """It works in Jupyter (one namespace); graded, it was a bare NameError or 'was it deleted or renamed?'."""
+    """It works in Jupyter (one namespace); graded, the report names the cell, not a bare NameError or 'was it
+    deleted or renamed?'."""
     notebook = build.reference_notebook(SOURCE_03)
     relu = next(cell for cell in notebook.cells if cell.metadata.get("export") and "return x.relu()" in cell.source)
     relu.source = relu.source.replace("return x.relu()", "return positive_part(x)")
@@ -159,15 +160,10 @@ def test_a_name_from_a_cell_that_is_not_exported_is_named_with_its_cell(tmp_path
         (["reset", "banana"], "unknown module 'banana'"),
         (["grade", "03", "--notebook", str(ROOT / "notebooks/04_layers.ipynb")], "is the notebook of module 04_layers, not 03"),
         (["grade", "03", "--notebook", str(ROOT / "pyproject.toml")], "is not a Jupyter notebook"),
-        (["milestone", "cnn"], "no milestone 'cnn' yet (the CNN milestone arrives with Module 11"),
         (["milestone", "rnn"], "no milestone 'rnn'"),
     ],
 )
 def test_clear_errors(argv: list[str], message: str, capsys) -> None:
-    from tinytrain.course import milestones
-
-    if argv[:2] == ["milestone", "cnn"] and "cnn" in milestones.MILESTONES:
-        pytest.skip("the CNN milestone exists now")
     assert main([*argv, "--root", str(ROOT)] if argv[0] != "milestone" else argv) == 2
     assert message in capsys.readouterr().err
 
@@ -229,7 +225,8 @@ def test_doctor_gives_a_fix_for_each_problem(tmp_path: Path, monkeypatch, capsys
 # -- export, reset and a broken package, on a copy ------------------------------------------------------
 @pytest.fixture
 def copy(tmp_path: Path):
-    """Run ``python -m tinytrain ...`` against a copy of the package; returns (run, package folder)."""
+    """Run ``python -m tinytrain ...`` (or ``python -c code``, ``python script ...``) against a copy of the package;
+    returns (run, package folder)."""
     site = tmp_path / "site"
     shutil.copytree(ROOT / "tinytrain", site / "tinytrain",
                     ignore=shutil.ignore_patterns("__pycache__", inventory.BACKUP_DIR))
@@ -238,10 +235,14 @@ def copy(tmp_path: Path):
     env = dict(os.environ, PYTHONPATH=str(site))
     env.pop(grading.NOTEBOOK_ENV, None)
 
-    def run(*args: str, root: bool = True, code: str | None = None) -> subprocess.CompletedProcess:
-        command = [sys.executable, "-c", code] if code else [sys.executable, "-m", "tinytrain", *args]
-        if root and not code:
-            command += ["--root", str(ROOT)]
+    def run(*args: str, root: bool = True, code: str | None = None,
+            script: Path | None = None) -> subprocess.CompletedProcess:
+        if code:
+            command = [sys.executable, "-c", code]
+        elif script:
+            command = [sys.executable, str(script), *args]
+        else:
+            command = [sys.executable, "-m", "tinytrain", *args, *(["--root", str(ROOT)] if root else [])]
         return subprocess.run(command, cwd=work, env=env, capture_output=True, text=True, timeout=300)
 
     return run, site / "tinytrain"
@@ -257,6 +258,7 @@ def test_export_then_reset(copy, tmp_path: Path) -> None:
     exported = (package / "nn/activations.py").read_text()
     assert exported.startswith("# Exported by `tinytrain export` from ") and "(module 03_activations)" in exported
     assert exported.split("\n", 1)[1] == original.split("\n", 1)[1]
+    assert exported.count("# student: Module 03\n") == 8  # as in the reference: six functions, two methods
     assert (package / inventory.BACKUP_DIR / "03_activations/reference/nn.activations.py.orig").read_text() == original
 
     status = run("status", "--json")
@@ -303,11 +305,12 @@ def test_stubs_left_in_an_export_are_named_by_status_doctor_and_the_milestones(c
     assert "[FAIL] module 02_autograd holds your exported code with stubs left" in doctor.stdout
     assert "[FAIL] a small training run fails in your exported code of module 02_autograd" in doctor.stdout
 
-    milestone = run("milestone", "mlp", "--epochs", "1", "--warmup", "0", "--out", str(tmp_path / "run"), root=False)
-    assert milestone.returncode == 1 and "Traceback" not in milestone.stderr
-    assert "the milestone failed in your exported code of module 02_autograd" in milestone.stderr
-    assert "NotImplementedError: apply: your code here" in milestone.stderr
-    assert "tinytrain reset 02" in milestone.stderr
+    options = ("--epochs", "1", "--warmup", "0", "--out", str(tmp_path / "run"))
+    for milestone in (run("milestone", "mlp", *options, root=False), run(*options, script=ROOT / "milestones/mlp.py")):
+        assert milestone.returncode == 1 and "Traceback" not in milestone.stderr, milestone.stderr
+        assert "the milestone failed in your exported code of module 02_autograd" in milestone.stderr
+        assert "NotImplementedError: apply: your code here" in milestone.stderr
+        assert "tinytrain reset 02" in milestone.stderr
 
     reset = run("reset", "--all")
     assert reset.returncode == 0 and "reset " in reset.stdout, reset.stderr
@@ -317,8 +320,8 @@ def test_stubs_left_in_an_export_are_named_by_status_doctor_and_the_milestones(c
 
 
 def test_a_wrong_value_from_an_exported_module_keeps_the_hint_and_names_the_exported_modules(copy, tmp_path) -> None:
-    """With a student's module 02 exported, a wrong bias gradient in module 04 failed gradcheck, and the
-    failure was blamed on 02's gradcheck ('tinytrain reset 02', on correct code) instead of giving 04's hint."""
+    """With a student's module 02 exported, a wrong bias gradient in module 04 fails gradcheck: the failure gives
+    04's hint, and is not blamed on 02's gradcheck ('tinytrain reset 02', on correct code)."""
     from tinytrain.course import solutions
 
     run, _ = copy
@@ -339,7 +342,7 @@ def test_a_wrong_value_from_an_exported_module_keeps_the_hint_and_names_the_expo
 
 
 def test_status_counts_no_points_for_checks_that_did_not_run(copy) -> None:
-    """An exported file that no longer compiles stopped pytest at collection: every check kept 'passed'."""
+    """An exported file that does not compile stops pytest at collection: no check may keep 'passed'."""
     run, package = copy
     assert run("export", "03", "--notebook", str(_notebook(package.parent / "03_activations.ipynb"))).returncode == 0
     with (package / "nn/activations.py").open("a") as file:
@@ -373,9 +376,10 @@ def test_export_refuses_code_that_does_not_import(copy, tmp_path: Path) -> None:
 
 
 def test_an_import_error_on_export_names_the_notebook_cell_and_line(copy, tmp_path: Path) -> None:
+    """The line in the notebook, not in the exported file, which has the student markers above relu and sigmoid."""
     run, _ = copy
-    notebook = _notebook(tmp_path / "03_activations.ipynb", edit=("def relu(x: Tensor) -> Tensor:",
-                                                                  "SCALE = undefined_name\n\n\ndef relu(x: Tensor) -> Tensor:"))
+    notebook = _notebook(tmp_path / "03_activations.ipynb", edit=("def sigmoid(x: Tensor) -> Tensor:",
+                                                                  "SCALE = undefined_name\n\n\ndef sigmoid(x: Tensor) -> Tensor:"))
     cells = nbformat.read(notebook, as_version=4).cells
     number = next(i for i, cell in enumerate(cells, 1) if "undefined_name" in cell.source)
     line = next(i for i, text in enumerate(cells[number - 1].source.split("\n"), 1) if "undefined_name" in text)
@@ -403,6 +407,16 @@ def test_a_broken_export_does_not_break_the_command(copy) -> None:
     assert reset.returncode == 0, reset.stderr
     assert (package / "nn/activations.py").read_text() == original
     assert run(code="import tinytrain as tt; tt.nn.ReLU").returncode == 0
+
+
+def test_doctor_names_a_broken_export_of_a_file_imported_on_demand(copy) -> None:
+    """tinytrain.cuda loads only when a GPU is asked for; doctor imports it anyway, and still reports on the GPU."""
+    run, package = copy
+    header = inventory.EXPORT_HEADER.format(notebook="12_accelerators.ipynb", module="12_accelerators", number="12")
+    (package / "cuda.py").write_text(f"{header}\n\nraise RuntimeError('my bug')\n")
+    doctor = run("doctor")
+    assert doctor.returncode == 1 and "[FAIL] tinytrain.cuda does not import: RuntimeError: my bug" in doctor.stdout
+    assert "tinytrain reset 12" in doctor.stdout and "GPU: " in doctor.stdout, doctor.stdout
 
 
 def test_reset_from_the_backup_without_sources(copy, tmp_path: Path) -> None:

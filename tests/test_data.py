@@ -200,7 +200,7 @@ def test_bad_batch_size_raises_naming_it(bad, error):
 
 def test_something_that_is_no_dataset_raises_at_once_naming_it():
     with pytest.raises(TypeError, match=r"dataset must be a dataset.*got dataset=5 of type int.*__len__"):
-        DataLoader(5)  # used to fail only at the first batch
+        DataLoader(5)  # at construction, not at the first batch
 
 
 @pytest.mark.parametrize("seed, error", [("abc", TypeError), (1.5, TypeError), (-1, ValueError)])
@@ -499,7 +499,7 @@ def test_loading_something_else_raises():
     (dict(generator={"bit_generator": "MT19937"}), ValueError, "a generator state that PCG64 refuses"),
 ], ids=["epoch-text", "epoch-negative", "position-fraction", "generator"])
 def test_a_failed_load_changes_nothing(change, error, message):
-    """The generator state used to be set before the epoch was read: a bad epoch left another loader's order."""
+    """Catches a generator state set before the epoch is read: a bad epoch would leave another loader's order."""
     other = DataLoader(labelled(10), batch_size=3, shuffle=True, seed=7)
     label_batches(other)
     loader = DataLoader(labelled(10), batch_size=3, shuffle=True, seed=0)

@@ -428,7 +428,7 @@ def test_a_download_cut_off_midway_leaves_nothing(monkeypatch, tmp_path):
 
 
 def test_a_cache_that_cannot_be_written_is_not_called_offline_and_tries_no_mirror(monkeypatch, tmp_path):
-    """A read-only or full disk was reported as 'Are you offline?' after trying every mirror."""
+    """A read-only or full disk is reported as such, not as 'Are you offline?' after trying every mirror."""
     payload = b"mnist bytes"
     calls = serve(monkeypatch, {"https://a.example/f.gz": payload, "https://mirror.example/f.gz": payload})
 

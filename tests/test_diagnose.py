@@ -67,7 +67,8 @@ def test_an_error_numpy_raises_is_blamed_on_the_students_function_that_called_it
 
 
 def test_an_error_the_reference_code_raises_itself_is_blamed_on_nobody(package) -> None:
-    """The optimizer refusing a gradient of the wrong shape made by another module's code blamed the optimizer."""
+    """The optimizer refusing a gradient of the wrong shape made by another module's code blames nobody, not the
+    optimizer."""
     package, layers = package
     import numpy as np
 

@@ -1,9 +1,9 @@
 """Graded checks on students' variants: a correct alternative passes, a plausible wrong one fails.
 
-Second, independent students' solutions (written from the lessons alone) showed
-where a graded check let wrong code through, or graded the reference's way of
-doing something instead of the lesson's rule. Each test runs the check on a
-variant directly, with a ``student`` namespace as the grader's fixture would
+The variants are what independent students write from the lessons alone: wrong
+code a graded check must not let through, and correct code that does something
+another way than the reference, which the check must grade by the lesson's rule.
+Each test runs the check on a variant directly, with a ``student`` namespace as the grader's fixture would
 pass it, so each takes well under a second: a correct variant must pass; a wrong
 one must fail, saying what it expected and what it got.
 """
@@ -26,6 +26,7 @@ import tinytrain.callbacks as callbacks
 import tinytrain.cuda as cuda
 import tinytrain.data as data
 import tinytrain.distributed as distributed
+import tinytrain.nn.attention as attention
 import tinytrain.nn.checkpointing as checkpointing
 import tinytrain.nn.conv as conv
 import tinytrain.nn.embedding as embedding
@@ -38,6 +39,7 @@ import tinytrain.nn.losses as losses
 import tinytrain.nn.transformer as transformer
 import tinytrain.training as training
 from tinytrain.autograd import _accumulate, _freed_graph_error, _unshared, no_grad
+from tinytrain.course import grading
 from tinytrain.serialization import capture_rng_state, restore_rng_state
 
 tensor_module = importlib.import_module("tinytrain.tensor")  # the module: tt.tensor is the factory function
@@ -65,12 +67,29 @@ def _fails(check, student, *expected: str) -> None:
         assert text in str(failure.value), str(failure.value)
 
 
+def _report(graded: types.ModuleType, student: types.SimpleNamespace,
+            names: list[str]) -> dict[str, grading.CheckResult]:
+    """What ``tinytrain grade`` reports for the checks ``names`` of ``graded`` run on ``student``: each one's
+    outcome, message and hint, and the failed checks it follows from (``blocked_by``: "fix that first")."""
+    collector = grading.Collector()
+    for name in names:
+        check = getattr(graded, name)
+        result = grading.CheckResult(name, name, check.tinytrain_points, "passed", check.tinytrain_hint,
+                                     after=check.tinytrain_after)
+        try:
+            check(student)
+        except Exception as failure:  # any exception fails a check, as under pytest
+            result.outcome, result.message = "failed", str(failure)
+        collector.results[name] = result
+    return {result.name: result for result in collector.report(graded.__name__).checks}
+
+
 # -- Module 01 ----------------------------------------------------------------------------------
-# The factories take requires_grad (the lesson: "plus dtype, device and requires_grad"); only zeros'
-# was graded, so a ones that dropped the flag earned 14/14. Later code builds leaves with it: Module
-# 05's graded test_dropout (w = tt.ones(1000, requires_grad=True), run on the student's library) then
-# raised "backward() on a tensor that does not require grad" for a correct dropout, and Module 02's
-# lesson hands Add.backward two such leaves.
+# The factories take requires_grad (the lesson: "plus dtype, device and requires_grad"), ones' as well
+# as zeros'. Later code builds leaves with it: Module 05's graded test_dropout (w = tt.ones(1000,
+# requires_grad=True), run on the student's library) raises "backward() on a tensor that does not require
+# grad" for a correct dropout on a ones that drops the flag, and Module 02's lesson hands Add.backward two
+# such leaves.
 
 def _ones_without_requires_grad(*shape, dtype=None, device=None, requires_grad=False):
     """A student's ones that forgets to pass requires_grad on."""
@@ -86,11 +105,10 @@ def test_a_ones_that_drops_requires_grad_loses_its_point():
            "ones(2, requires_grad=True).requires_grad", "expected True")
 
 
-# A student's third read of Module 01 (session 39) found five wrong variants that earned 14/14, each breaking
-# a stated rule (some stated only now): a non-string device silently meaning the CPU, to_array(device=None)
-# moving a device's data to the CPU, float64 random numbers drawn as float32, zeros() of shape (1,), and
-# to_array trusting `array.base is None` -- the lesson's old hint -- for an object whose __array__ hands out
-# the array it keeps (the reference itself had that hole).
+# Five wrong Module 01 variants, each breaking a rule the lesson or a docstring states: a non-string
+# device silently meaning the CPU, to_array(device=None) moving a device's data to the CPU, float64 random
+# numbers drawn as float32, zeros() of shape (1,), and to_array trusting `array.base is None` to mean a
+# copy, which an object whose __array__ hands out the array it keeps defeats.
 
 def _module_01(**replaced: object) -> types.SimpleNamespace:
     """Module 01's code, backend and tensor, as the ``student`` fixture, with ``replaced`` names swapped in."""
@@ -162,7 +180,7 @@ def test_a_module_01_variant_that_breaks_its_docstring_loses_points(check_name, 
 # the operations that produced its inputs works"), so a student may sort the graph first instead of
 # using the heap. Such an engine must still skip an operation no gradient reached -- a backward
 # returned None for its output, as Module 13's checkpointing does for an input that took no part.
-# A sorted walk that forgot it raised KeyError inside checkpoint and yet earned full marks.
+# A sorted walk that forgets it raises KeyError inside checkpoint: the checks must take its points.
 
 def _reverse_topological_order(root):
     """Every operation reachable from ``root``, each before the operations that made its inputs (iterative DFS)."""
@@ -229,7 +247,7 @@ def test_a_sorted_engine_that_runs_unreached_operations_loses_its_points():
 
 
 def test_checkpoint_of_a_computed_input_it_does_not_use():
-    """What the wrong engine broke: checkpointing hands ``None`` to a computed input that took no part."""
+    """What the wrong engine breaks: checkpointing hands ``None`` to a computed input that took no part."""
     x, w = tt.tensor([1.0, 2.0], requires_grad=True), tt.tensor([3.0, 4.0], requires_grad=True)
     unused = w * 2.0
     tt.checkpoint(lambda a, b: a * 3.0, x, unused).sum().backward()
@@ -237,8 +255,8 @@ def test_checkpoint_of_a_computed_input_it_does_not_use():
 
 
 # gradcheck names "the worst mismatch (the largest excess over its tolerance)" and fails a nan; apply turns
-# only a forward's ValueError into its own, keeping the message. A student's third read wrote each of
-# these wrong and earned full marks for Module 02 (session 38); the checks grade them now.
+# only a forward's ValueError into its own, keeping the message. A student can write each of these wrong
+# and pass everything else in Module 02: the checks grade each rule.
 
 def student_gradcheck(worst_by: str = "excess", nan_fails: bool = True):
     """A student's gradcheck that compares each input's gradients at once, after all its central differences.
@@ -366,8 +384,8 @@ def test_a_getitem_that_always_scatters_passes_the_indexing_checks(name):
 
 # -- Module 03 ----------------------------------------------------------------------------------
 # The lesson's table gives tanh x = 2 sigmoid(2x) - 1. Near 0 that subtracts two numbers close to 1
-# and keeps few digits (tanh(1e-4) 1.7e-4 off in float32), and so does (e^x - e^-x) / (e^x + e^-x):
-# both earned 12/12. The docstring now asks for np.tanh's precision there; x.tanh() has it.
+# and keeps few digits (tanh(1e-4) 1.7e-4 off in float32), and so does (e^x - e^-x) / (e^x + e^-x).
+# The docstring asks for np.tanh's precision there; x.tanh() has it, and both of these lose points.
 
 def _tanh_from_sigmoid(x):
     return 2 * (2 * x).sigmoid() - 1
@@ -387,9 +405,9 @@ def test_a_tanh_that_cancels_digits_near_zero_loses_its_point():
 
 
 # -- Module 04 ----------------------------------------------------------------------------------
-# A student's third read: a LinearFunction.backward that computed G W for an x that needs none (the
-# first layer's wasted product) or G^T X for a frozen weight, and a __setattr__ that moved a re-assigned
-# parameter or buffer to the end of its registry ("keeps its place"), earned 15/15.
+# Wrong Module 04 variants that pass everything else: a LinearFunction.backward that computes G W for an
+# x that needs none (the first layer's wasted product) or G^T X for a frozen weight, and a __setattr__ that
+# moves a re-assigned parameter or buffer to the end of its registry (the docstring: "keeps its place").
 
 class _LinearWithEveryGradient(layers.LinearFunction):
     def backward(self, grad):
@@ -426,9 +444,9 @@ def test_a_layer_that_breaks_its_docstring_loses_its_points(check_name, replaced
 
 # -- Module 06 ----------------------------------------------------------------------------------
 # A loss's backward must hand its input a gradient of the input's dtype (Module 02: keep the dtype).
-# A float64 one is cast back only at the leaves, so every layer below the loss ran its backward in
-# float64 (an MLP step took twice as long) -- and the graded checks, which read leaves' .grad, could
-# not see it: a one-hot from np.eye's float64 default earned 15/15.
+# A float64 one is cast back only at the leaves, so every layer below the loss runs its backward in
+# float64 (an MLP step takes twice as long), which checks that read only leaves' .grad cannot see: a
+# one-hot from np.eye's float64 default must lose points.
 
 def one_hot_cross_entropy(dtype):
     """``cross_entropy`` (inputs as the graded check passes them) whose backward subtracts the one-hot
@@ -473,10 +491,10 @@ def test_a_binary_cross_entropy_whose_mean_gradient_is_float64_loses_its_points(
            "the dtype of the gradient that bce_with_logits_counting_with_numpy, reduction='mean'", "float64")
 
 
-# A student's third read: five wrong losses that earned 15/15. Each breaks a sentence of the lesson or
-# a docstring that the checks did not test: BCE's forward clamped the caller's probabilities in place,
-# its gradient added 1e-12 instead of taking the max, the logits loss's sigmoid rounded to 0 for x < -17
-# (1 - sigmoid(|x|)) or overflowed with the warning silenced, and mse_loss kept an int64 target's float64.
+# Five wrong losses, each breaking a sentence of the lesson or a docstring: BCE's forward clamping the
+# caller's probabilities in place, its gradient adding 1e-12 instead of taking the max, the logits loss's
+# sigmoid rounding to 0 for x < -17 (1 - sigmoid(|x|)) or overflowing with the warning silenced, and
+# mse_loss keeping an int64 target's float64.
 
 class _BCEClampingInPlace(losses.BinaryCrossEntropy):
     def forward(self, probs, target, reduction):
@@ -534,10 +552,10 @@ def test_a_loss_that_breaks_a_stated_rule_loses_its_points(check_name, replaced,
 
 
 # -- Module 07 ----------------------------------------------------------------------------------
-# A student's third read: Adam with the optimizer's step count instead of the parameter's own (a
-# parameter that missed a step got the wrong bias correction), and a bias correction through np.sqrt
+# Wrong Module 07 variants: Adam with the optimizer's step count instead of the parameter's own (a
+# parameter that missed a step gets the wrong bias correction), and a bias correction through np.sqrt
 # in place (x /= np.sqrt(...): the array stays float32, but NumPy runs the loop in float64 -- other
-# bits, several times slower; the strict device counted only float64 results), earned 16/16.
+# bits, several times slower, which a device that counts only float64 results cannot see).
 
 def _adam(sqrt=math.sqrt, shared_step=False):
     """The reference Adam, its bias correction through ``sqrt``, with ``t`` the largest step count of
@@ -572,9 +590,9 @@ def test_an_adam_that_breaks_a_stated_rule_loses_its_point(check_name, adam, exp
 
 
 # -- Module 08 ----------------------------------------------------------------------------------
-# A student's third read: a loader that made its batch tensors with Tensor(...) instead of the given
-# self._tensor copied every batch a second time (an epoch 45% slower), and batch_indices that copied
-# its slices ("views of order"); both earned 17/17.
+# Wrong Module 08 variants: a loader that makes its batch tensors with Tensor(...) instead of the given
+# self._tensor copies every batch a second time (an epoch 45% slower), and batch_indices that copies
+# its slices (the docstring: "views of order").
 
 class _LoaderCopyingEveryBatch(data.DataLoader):
     def _fetch(self, indices):
@@ -601,7 +619,7 @@ def test_a_loader_that_copies_twice_loses_its_point(check_name, replaced, expect
 
 # -- Module 09 ----------------------------------------------------------------------------------
 # clip_grad_norm must leave each gradient in its dtype, and evaluate count hits of one-hot targets
-# (both in their docstrings); a variant breaking either earned 27/27.
+# (both in their docstrings); a variant breaking either loses points.
 
 def clip_grad_norm_writing_float64_back(parameters, max_norm=1.0, error_if_nonfinite=False):
     """Casts every gradient to float64 once and reuses the copies to scale: right values, float64 gradients."""
@@ -651,9 +669,9 @@ def test_evaluate_counts_hits_of_one_hot_targets() -> None:
            "evaluate's accuracy with one-hot targets", "got nan")
 
 
-# A student's third read: with clipping on, a _clip_and_step that checked only the gradient norm let an
-# inf loss with a finite gradient through (a step taken, train_loss inf), and one that asked
-# clip_grad_norm to raise skipped self._skip, whose message says where; both earned 27/27.
+# With clipping on, a _clip_and_step that checks only the gradient norm lets an inf loss with a finite
+# gradient through (a step taken, train_loss inf), and one that asks clip_grad_norm to raise skips
+# self._skip, whose message says where; both lose points.
 
 def _trainer_that_skips(loss_checked_when_clipping=True, clip_raises=False):
     """The reference _clip_and_step, its loss checked only without clipping unless ``loss_checked_when_clipping``,
@@ -686,9 +704,9 @@ def test_a_trainer_that_skips_the_wrong_way_loses_its_points(wrong, expected):
 
 
 # -- Module 10 ----------------------------------------------------------------------------------
-# EarlyStopping stops once wait reaches patience. Counted with `==`, a callback that had stopped never
-# stopped again in a second fit (wait went past patience), and earned full marks; the docstring now
-# says that a wait past patience stops too.
+# EarlyStopping stops once wait reaches patience, and (its docstring) a wait past patience stops too.
+# Counted with `==`, a callback that has stopped never stops again in a second fit (wait goes past
+# patience).
 
 class _EarlyStoppingOnlyAtPatience(callbacks.EarlyStopping):
     def on_epoch_end(self, trainer, logs):
@@ -708,9 +726,8 @@ def test_an_early_stopping_that_stops_only_when_wait_equals_patience_loses_its_p
            "already stopped", "expected (1, 4, 1), got (2, 5, 8)")
 
 
-# A student's third read of Module 10 (session 39): eight wrong variants earned 12/12. Each breaks a rule
-# the lesson or a docstring states (the last two sentences of to_plain's docstring are new; the reference
-# itself saved complex scalars that read_checkpoint then refused).
+# Eight wrong Module 10 variants, each breaking a rule the lesson or a docstring states (to_plain's ends
+# with two: a NumPy scalar such as np.complex128 is not plain data, and ``value`` itself is left as it was).
 
 def _module_10(**replaced: object) -> types.SimpleNamespace:
     """Module 10's code, serialization and callbacks, as the ``student`` fixture, with ``replaced`` swapped in."""
@@ -805,10 +822,10 @@ def test_an_early_stopping_whose_first_value_is_best_even_if_nan_loses_its_point
 
 
 # -- Module 11 ----------------------------------------------------------------------------------
-# A student's third read: max pooling that scanned a window column by column (a tie off the first
-# offset went to the wrong element: the graded ties all fell on offset 0), one that kept the best with
-# where(candidate > best, ...) (NaN dropped, where the docstring says it passes), and a backward that
-# computed the bias gradient nobody needed, earned 26/26.
+# Wrong Module 11 variants: max pooling that scans a window column by column (a tie off the first
+# offset goes to the wrong element, which ties that all fall on offset 0 cannot show), one that keeps
+# the best with where(candidate > best, ...) (NaN dropped, where the docstring says it passes), and a
+# backward that computes the bias gradient nobody needs.
 
 def _max_pool(column_by_column=False, keep_nan=True):
     """Max pooling that visits a window's offsets row by row (or column by column) and keeps the best with
@@ -857,10 +874,52 @@ def test_a_convolution_that_returns_a_bias_gradient_nobody_needs_loses_its_point
            "returned a bias gradient nobody needs")
 
 
+def _conv_recipe(crop: str):
+    """The lesson's convolution as a student writes it, cutting the padding off the input gradient with
+    ``crop``: "ph:H - ph", or "ph:-ph", which is the empty slice 0:0 for padding 0."""
+
+    class Conv2dFunction(autograd.Function):
+        def forward(self, x, weight, bias=None, *, stride, padding):
+            (ph, pw), (out_channels, _, kh, kw) = padding, weight.shape
+            x = self.backend.pad(x, ((0, 0), (0, 0), (ph, ph), (pw, pw)))
+            n, _, height, width = x.shape
+            self.cols = conv.im2col(self.xp, x, (kh, kw), stride)
+            out = self.xp.matmul(weight.reshape(out_channels, -1), self.cols)
+            if bias is not None:
+                out += bias.reshape(out_channels, 1)
+            self.weight, self.stride, self.padding, self.padded_shape = weight, stride, padding, x.shape
+            return out.reshape(n, out_channels, conv.output_size(height, kh, stride[0]),
+                               conv.output_size(width, kw, stride[1]))
+
+        def backward(self, grad):
+            (n, out_channels), (ph, pw), (height, width) = grad.shape[:2], self.padding, self.padded_shape[2:]
+            g = grad.reshape(n, out_channels, -1)
+            grads = [None, None, None][:len(self.inputs)]
+            if self.inputs[0].requires_grad:
+                grad_cols = self.xp.matmul(self.weight.reshape(out_channels, -1).T, g)
+                padded = conv.col2im(self.xp, grad_cols, self.padded_shape, self.weight.shape[2:], self.stride)
+                grads[0] = (padded[:, :, ph:height - ph, pw:width - pw] if crop == "ph:H - ph"
+                            else padded[:, :, ph:-ph, pw:-pw])
+            if self.inputs[1].requires_grad:
+                grads[1] = self.xp.matmul(g, self.cols.transpose(0, 2, 1)).sum(axis=0).reshape(self.weight.shape)
+            if len(self.inputs) == 3 and self.inputs[2].requires_grad:
+                grads[2] = g.sum(axis=(0, 2))
+            return tuple(grads)
+
+    return Conv2dFunction
+
+
+@pytest.mark.parametrize("check_name", ["test_conv_backward_gradcheck", "test_conv_backward_against_loops"])
+def test_a_convolution_that_crops_with_ph_colon_minus_ph_is_told_why_its_input_gradient_is_empty(check_name):
+    """`x[..., 0:-0]` is empty: the check names that cause, not gradcheck's IndexError or a bare shape mismatch."""
+    check = getattr(_graded("11_convolutions"), check_name)
+    check(_student(conv, Conv2dFunction=_conv_recipe("ph:H - ph")))
+    _fails(check, _student(conv, Conv2dFunction=_conv_recipe("ph:-ph")), "`ph:-ph` is `0:-0`", "`ph:H - ph`")
+
+
 # -- Module 12 ----------------------------------------------------------------------------------
-# A student's read: four load_state variants that break its docstring ("those three keys and no
-# others", "Python ints", "a seed of 2**64 or more is kept modulo 2**64"), and a matmul_cost that
-# counts FLOPs in a float, earned 10/10. The course's own student refused big seeds and took NumPy ints.
+# Four load_state variants that break its docstring ("those three keys and no others", "Python ints",
+# "a seed of 2**64 or more is kept modulo 2**64"), and a matmul_cost that counts FLOPs in a float.
 
 def _loading(valid, keep):
     """A DrawCounter whose load_state accepts what ``valid(state)`` accepts and keeps ``keep(seed)``."""
@@ -914,12 +973,10 @@ def test_a_matmul_cost_in_floats_loses_its_point():
 # -- Module 13 ----------------------------------------------------------------------------------
 # A recompute whose output needs no gradient -- a frozen segment (no parameter requires grad) fed by
 # data, whose node exists only through the anchor -- has nothing to backpropagate. A Recompute.backward
-# that calls backward on it regardless raised RuntimeError there and yet earned full marks.
-# A student's third read: handing `grad` to the recomputed output's backward as the bare array is
-# right, but the engine took an array through tt.tensor's default float32, so a float64 segment's
-# gradients came back rounded and the student lost 3 points (the engine now keeps the output's dtype);
-# an anchor given a zero gradient instead of None, and an all-reduce buffer in the gradients' float64
-# instead of float32, earned full marks.
+# that calls backward on it regardless raises RuntimeError there: it must lose points.
+# Handing `grad` to the recomputed output's backward as the bare array is right, and keeps a float64
+# segment's gradients in float64 (the engine keeps the output's dtype). An anchor given a zero gradient
+# instead of None, and an all-reduce buffer in the gradients' float64 instead of float32, are wrong.
 
 def recompute(guard: bool = True, seed=lambda grad, out: tt.Tensor._make(grad, out._backend),
               anchor_gradient=lambda grad: None) -> type:
@@ -987,10 +1044,23 @@ def test_an_all_reduce_in_float64_loses_its_points():
            "the buffer is float32 whatever the gradients' dtype")
 
 
+def _shard_indices_wrapping_once(order, rank, world_size):
+    """Pads with one copy of the start of ``order``: too short when there are more ranks than samples."""
+    total = -(-len(order) // world_size) * world_size
+    return np.concatenate([order, order[:total - len(order)]])[rank::world_size]
+
+
+def test_a_shard_indices_that_wraps_only_once_loses_its_points():
+    graded = _graded("13_scale")
+    graded.test_shard_indices(_student(distributed))
+    _fails(graded.test_shard_indices, _student(distributed, shard_indices=_shard_indices_wrapping_once),
+           "more ranks than samples: keep wrapping", "got [[4], [2], [4], [2], []]")
+
+
 # -- Module 14 ----------------------------------------------------------------------------------
-# A student's third read: a merge that hands back `ids` itself when nothing merges ("A new list"), a
+# Wrong Module 14 variants: a merge that hands back `ids` itself when nothing merges ("A new list"), a
 # train that keeps the old merges for a text without pairs ("Merges learned before are replaced"),
-# and an embedding backward whose zeros are float32 whatever grad's dtype, earned 29/29.
+# and an embedding backward whose zeros are float32 whatever grad's dtype.
 
 def _merge_returning_ids_when_nothing_merges(ids, pair, new_id):
     return ids if pair not in set(zip(ids, ids[1:])) else text.merge(ids, pair, new_id)
@@ -1019,12 +1089,90 @@ def test_a_tokenizer_or_embedding_that_breaks_its_docstring_loses_points(check_n
     _fails(getattr(graded, check_name), types.SimpleNamespace(**{**student, **replaced}), expected)
 
 
+# The attention checks build on each other: a mistake in MaskedSoftmax or in the scale fails the checks after
+# them too, and the report must point at the cause, not at the step where it shows.
+ATTENTION_CHECKS = ["test_masked_softmax", "test_attention_values", "test_attention_scale", "test_attention_causal",
+                    "test_attention_mask_and_dropout"]
+_MASKED_SOFTMAX, _ATTENTION = attention.MaskedSoftmax, attention.scaled_dot_product_attention
+
+
+class _MaskedSoftmaxMaskingAfter(_MASKED_SOFTMAX):
+    """Zeroes the masked weights of the full softmax: the allowed ones no longer sum to 1."""
+
+    def forward(self, scores, *, allowed):
+        exps = self.xp.exp(scores - scores.max(axis=-1, keepdims=True))
+        self.out = exps / exps.sum(axis=-1, keepdims=True)
+        if allowed is not None:
+            self.out = self.xp.where(allowed, self.out, 0.0)
+        return self.out
+
+
+class _AttentionMaskingAfter:
+    """What a scaled_dot_product_attention that masks the weights after the softmax applies."""
+
+    @staticmethod
+    def apply(scores, *, allowed):
+        weights = _MASKED_SOFTMAX.apply(scores, allowed=None)
+        return weights if allowed is None else weights * tt.tensor(np.asarray(allowed), dtype=weights.dtype)
+
+
+def test_a_mask_applied_after_the_softmax_is_blamed_on_masked_softmax(monkeypatch):
+    graded = _graded("14_attention")
+    monkeypatch.setattr(attention, "MaskedSoftmax", _MaskedSoftmaxMaskingAfter)  # what attention applies
+    report = _report(graded, _student(attention), ATTENTION_CHECKS)
+    assert report["test_masked_softmax"].outcome == "failed" and report["test_attention_values"].outcome == "passed"
+    for name in ("test_attention_causal", "test_attention_mask_and_dropout"):
+        assert report[name].outcome == "failed" and report[name].blocked_by == ["test_masked_softmax"], name
+
+
+def test_masking_after_the_softmax_in_attention_is_named_by_the_causal_hint(monkeypatch):
+    graded = _graded("14_attention")
+    monkeypatch.setattr(attention, "MaskedSoftmax", _AttentionMaskingAfter)
+    report = _report(graded, _student(attention, MaskedSoftmax=_MASKED_SOFTMAX), ATTENTION_CHECKS)
+    causal = report["test_attention_causal"]
+    assert report["test_masked_softmax"].outcome == "passed" and report["test_attention_values"].outcome == "passed"
+    assert causal.outcome == "failed" and causal.blocked_by == [] and "zeroed after the softmax" in causal.hint
+
+
+def _attention_with_default_scale(default_scale):
+    """A scaled_dot_product_attention whose scale=None means ``default_scale(E)`` instead of 1 / sqrt(E)."""
+
+    def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None):
+        return _ATTENTION(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
+                          scale=default_scale(query.shape[-1]) if scale is None else scale)
+
+    return scaled_dot_product_attention
+
+
+def _attention_softmax_over_the_queries(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None):
+    scores = (query / math.sqrt(query.shape[-1])) @ key.transpose(*range(key.ndim - 2), -1, -2)
+    return scores.softmax(-2) @ value
+
+
+@pytest.mark.parametrize("variant, diagnosis", [
+    (_attention_with_default_scale(lambda features: 1.0), "the scores are not scaled: scale=None means 1 / sqrt(E) = "
+                                                          "1 / sqrt(3) (attention_scale checks the scale); 40 of 40"),
+    (_attention_with_default_scale(lambda features: 1 / features), "the scores are divided by E = 3, not by sqrt(E)"),
+    (_attention_softmax_over_the_queries, None),
+], ids=["no scale", "scale 1 over E", "softmax over the queries"])
+def test_a_wrong_scale_is_named_where_attention_values_fails(variant, diagnosis):
+    report = _report(_graded("14_attention"), _student(attention, scaled_dot_product_attention=variant),
+                     ATTENTION_CHECKS)
+    values = report["test_attention_values"]
+    assert values.outcome == "failed" and values.blocked_by == [], values.message
+    if diagnosis is None:  # another mistake: the plain comparison, no word of the scale
+        assert "scale" not in values.message and "40 of 40 differ" in values.message, values.message
+    else:
+        assert diagnosis in values.message, values.message
+        assert report["test_attention_scale"].blocked_by == ["test_attention_values"]
+
+
 # -- Module 15 ----------------------------------------------------------------------------------
 # generate appends the ids drawn from next_token_probs to a context on the model's device. A
-# next_token_probs whose greedy branch built its one-hot table on the host (np.zeros, then
-# Tensor(probs)) earned 15/15, yet generate(temperature=0) of a model on a GPU (or the strict
-# device) raised "expected tensors on the same device". The docstring now says the result is on
-# the logits' device, and the check runs next_token_probs there.
+# next_token_probs whose greedy branch builds its one-hot table on the host (np.zeros, then
+# Tensor(probs)) makes generate(temperature=0) of a model on a GPU (or the strict device) raise
+# "expected tensors on the same device". The docstring says the result is on the logits' device,
+# and the check runs next_token_probs there.
 
 def next_token_probs_greedy_on_the_host(logits, temperature=1.0, top_k=None):
     """A student's next_token_probs: right on the cpu, but its greedy table lives on the host."""

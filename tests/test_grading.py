@@ -268,7 +268,7 @@ def test_a_check_that_needs_a_failing_one_names_it_instead_of_its_hint(tmp_path:
 
 
 def test_a_mismatch_in_a_stack_of_matrices_keeps_its_summary_and_both_arrays_in_the_report(tmp_path: Path) -> None:
-    """A (2, 5, 16) block output: the report used to end inside the expected array, before 'got' and the summary."""
+    """A (2, 5, 16) block output: the report must not end inside the expected array, before 'got' and the summary."""
     _graded_file(
         tmp_path, "test_03_activations.py",
         "import numpy as np\nfrom tinytrain.course.checks import check, expect_close\n\n"
@@ -300,7 +300,7 @@ def test_expectations_say_what_was_expected_and_what_came_out() -> None:
                                                                  "(expected 2, got nan)"),
         (lambda: expect_close(float("inf"), 1e21, "the norm"), "the norm: expected 1.e+21 (shape (), float64), got inf"),  # a scalar
         (lambda: expect_equal(3, 4, "the step count"), "the step count: expected 4, got 3"),
-        # an object array equal element by element (a wrong collate once passed this way)
+        # an object array equal element by element (a wrong collate makes one, and == alone would pass it)
         (lambda: expect_equal(np.array([[1.0], [2.0]], dtype=object), np.array([[1.0], [2.0]]), "batch"),
          "batch: expected an array of numbers [[1.]\n [2.]] (shape (2, 1), float64), got an array of Python objects"),
         (lambda: expect_raises(ValueError, lambda: 5, "Linear(2.5, 3)"), "Linear(2.5, 3): expected ValueError, but it returned 5"),

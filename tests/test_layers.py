@@ -112,7 +112,7 @@ def test_linear_wrong_width_names_both_shapes(device) -> None:
 
 @pytest.mark.parametrize("dtype", ["int64", "int32", "bool"])
 def test_linear_and_conv2d_refuse_integer_inputs_naming_the_dtype(device, dtype) -> None:
-    """NumPy promoted int @ float32 to float64: the model silently ran in float64 (PyTorch raises)."""
+    """NumPy promotes int @ float32 to float64: the model would silently run in float64 (PyTorch raises)."""
     x = tt.tensor(np.ones((2, 1, 4, 4)), dtype=dtype, device=device)
     with pytest.raises(TypeError, match=rf"linear: expected a floating-point input, got {dtype} of shape \(2, 16\)"):
         nn.Linear(16, 3).to(device)(x.reshape(2, 16))
@@ -471,7 +471,7 @@ def test_batchnorm_errors(device) -> None:
     ("momentum", float("nan"), ValueError, "momentum=nan"),
 ])
 def test_batchnorm_refuses_bad_settings_naming_them(layer, argument, value, error, message) -> None:
-    """At construction, not at the first forward pass (or never: eps=-1 gave NaN, momentum=None a TypeError
+    """At construction, not at the first forward pass (or never: eps=-1 gives NaN, momentum=None a TypeError
     in the middle of the running-average update, momentum=1.5 running averages that diverge)."""
     settings = {"num_features": 3, **{argument: value}}
     with pytest.raises(error, match=message):

@@ -618,8 +618,8 @@ def trained(kind):
 
 @pytest.mark.parametrize("kind, index, key, value, error, message", BAD_STATES)
 def test_load_state_dict_refuses_bad_parameter_state_and_changes_nothing(kind, index, key, value, error, message):
-    """Each was loaded and failed (or went wrong) only at the next step(); now the load raises naming the
-    parameter, the key and the value, and the optimizer keeps its own state, stepping on as before."""
+    """The load itself raises, naming the parameter, the key and the value (else the next step() would fail, or
+    go wrong), and the optimizer keeps its own state, stepping on as if nothing had been loaded."""
     optimizer, params = trained(kind)
     twin, twin_params = trained(kind)
     bad = optimizer.state_dict()

@@ -341,7 +341,7 @@ def test_manual_seed_reproducible(device, name):
 
 def test_a_fractional_size_raises_naming_it():
     with pytest.raises(TypeError, match=r"shape\[0\] must be a whole number, got shape\[0\]=2\.5"):
-        tt.randn(2.5, 3)  # int(2.5) used to make it a (2, 3) tensor without a word
+        tt.randn(2.5, 3)  # not int(2.5): a (2, 3) tensor without a word
     with pytest.raises(TypeError, match=r"shape\[1\]=1\.5"):
         tt.zeros(4).reshape(2, 1.5)
 
@@ -359,7 +359,7 @@ def test_a_negative_size_raises_naming_it():
     ids=repr,
 )
 def test_arange(device, canonical_device, args, kwargs, expected):
-    t = tt.arange(*args, **kwargs, device=device)  # a lone bound with step= used to ignore the step
+    t = tt.arange(*args, **kwargs, device=device)  # a lone bound with step= must not ignore the step
     assert t.device == canonical_device
     assert t.dtype == (np.float32 if isinstance(args[-1], float) else np.int64)
     assert_values(t, expected)
@@ -386,7 +386,7 @@ def test_random_factories_name_a_dtype_they_cannot_draw(device, factory, dtype):
     ids=["tensor", "Tensor", "zeros", "ones", "arange", "astype"],
 )
 def test_a_dtype_no_tensor_can_hold_raises_naming_it(device, make, dtype):
-    """Each of these made a complex, string, object or date tensor, which tensor(complex data) refuses."""
+    """Each of these must refuse a complex, string, object or date tensor, as tensor(complex data) does."""
     message = f"a tensor holds bool, integer or floating-point numbers, not dtype={np.dtype(dtype)}"
     with pytest.raises(TypeError, match=re.escape(message)):
         make(dtype, device)
@@ -445,7 +445,7 @@ def test_where(device):
 
 
 def test_where_of_shapes_that_do_not_broadcast_names_all_three(device):
-    """The message named a's and b's shapes as if they were the only operands."""
+    """The message names the condition's shape too, not a's and b's as if they were the only operands."""
     with pytest.raises(ValueError, match=r"where: condition of shape \(2,\), a of shape \(3,\) and b of shape "
                                          r"\(1,\) do not broadcast together"):
         tt.where(tt.tensor([True, False], device=device), tt.ones(3, device=device), tt.zeros(1, device=device))
@@ -499,7 +499,7 @@ def test_integer_arithmetic_stays_integer(device):
 
 
 # What PyTorch gives where kinds of dtype mix (bool < integer < float): the higher kind's dtype.
-# NumPy alone made the float cases float64 (and `ids * np.float32(2.5)` int64, `mask * 3` True).
+# NumPy alone makes the float cases float64 (and `ids * np.float32(2.5)` int64, `mask * 3` True).
 MIXED_KIND_OPS = [
     ("float32 * int64 mask", lambda f, i, b: f * i, "float32", [0.5, 0.0, 4.0]),
     ("int64 mask * float32", lambda f, i, b: i * f, "float32", [0.5, 0.0, 4.0]),
@@ -612,7 +612,7 @@ def test_softmax_takes_one_axis_and_refuses_a_tuple(device):
     t = tt.tensor([[1.0, 2.0], [3.0, 5.0]], device=device)
     for name in ("softmax", "log_softmax"):
         with pytest.raises(TypeError, match=re.escape("axis must be one int, got axis=(0, 1)")):
-            getattr(t, name)((0, 1))  # it used to normalise over axis 0 alone
+            getattr(t, name)((0, 1))  # not normalised over axis 0 alone
         with pytest.raises(ValueError, match="axis 2 is out of range for a tensor with 2 dimensions"):
             getattr(t, name)(2)
     e = np.exp([[1.0, 2.0], [3.0, 5.0]])
@@ -741,7 +741,7 @@ def test_scatter_add_equals_np_add_at_for_every_index(case):
 
 
 def test_scatter_add_takes_a_vectorised_add_for_an_index_that_cannot_repeat(monkeypatch):
-    """np.add.at adds element by element: on the slices of a GPT's query/key/value split it made the
+    """np.add.at adds element by element: on the slices of a GPT's query/key/value split it makes the
     backward of a GetItem that always scatters (a correct student solution) 20-100x slower than `+=`."""
     import tinytrain.backend as backend_module
 

@@ -100,6 +100,7 @@ class EventRecorder:
             stack = self._local.stack = []
         return stack
 
+    # student: Module 16
     def start(self, name: str, category: str, shapes: list | None = None) -> Event:
         """Open an event: append ``Event(name, category, thread=threading.get_ident(),
         start_ns=self.clock(), parent=<this thread's innermost open event, or None>,
@@ -111,6 +112,7 @@ class EventRecorder:
         stack.append(event)
         return event
 
+    # student: Module 16
     def stop(self, event: Event) -> Event:
         """Close ``event``: stamp ``end_ns = self.clock()``, pop it off this thread's stack, add
         its duration to its parent's ``children_ns`` (when it has a parent). Returns it.
@@ -134,6 +136,7 @@ _PRODUCTS = ("MatMul", "LinearFunction", "Conv2dFunction")  # they contract a di
 _MOVES = ("Reshape", "Transpose", "GetItem", "Stack", "Concatenate", "Cast", "To", "EmbeddingFunction", "Recompute")
 
 
+# student: Module 16
 def op_flops(name: str, input_shapes: list[tuple[int, ...]], output_shape: tuple[int, ...],
              backward: bool = False) -> int:
     """FLOPs of the op ``name`` (a Function's class name) with inputs of ``input_shapes`` and a result
@@ -457,6 +460,7 @@ class KeyAverages(list):
         return self.table()
 
 
+# student: Module 16
 def key_averages(events: Iterable[Event]) -> KeyAverages:
     """One :class:`KeyAverage` per event name, in the order the names first appear: ``count``;
     ``cpu_time_total`` and ``self_cpu_time_total``, the sums of the events' integer ``duration_ns``
@@ -475,6 +479,7 @@ def key_averages(events: Iterable[Event]) -> KeyAverages:
                        for key, (count, total_ns, self_ns, flops, nbytes) in sums.items())
 
 
+# student: Module 16
 def trace_events(events: Iterable[Event], origin_ns: int, pid: int) -> list[dict[str, Any]]:
     """One Trace Event Format complete event per event, in order: ``{"name", "cat": category,
     "ph": "X", "ts": (start_ns - origin_ns) / 1000, "dur": duration_ns / 1000, "pid": pid,
@@ -484,6 +489,7 @@ def trace_events(events: Iterable[Event], origin_ns: int, pid: int) -> list[dict
             for event in events]
 
 
+# student: Module 16
 def mfu(flops: float, seconds: float, peak_flops: float) -> float:
     """Model FLOPs utilisation: ``flops / seconds`` (the achieved rate) divided by ``peak_flops``
     (FLOP/s). Each argument must be a positive number (``ValueError`` naming it otherwise)."""
@@ -512,6 +518,7 @@ def memory_owner(array: Any) -> tuple[Any, int]:
     return array, id(getattr(array, "_array", array))  # a strict-device array wraps the NumPy array it owns
 
 
+# student: Module 16
 def graph_saved_bytes(output: Tensor) -> int:
     """Bytes the graph behind ``output`` keeps for backward; 0 for a tensor with no graph.
 
@@ -590,6 +597,7 @@ def measure_peak_memory(fn: Callable[[], Any], device: str = "cpu") -> int:
         tracemalloc.stop()
 
 
+# student: Module 16
 def median_interval(samples: Iterable[float], confidence: float = 0.95) -> tuple[float, float, float]:
     """``(median, low, high)`` of ``samples``: ``statistics.median`` and the distribution-free
     confidence interval ``[x_(j), x_(k)]`` of the sorted samples, ranks (1-based)
