@@ -119,8 +119,13 @@ trainer = tt.Trainer(
 # After every evaluation (every eval_every steps, and at the end): a line on the screen, a row of log.csv and a
 # checkpoint -- the last one, which --resume continues from, and best.pkl, the lowest validation loss. Over MPI,
 # rank 0 alone writes them.
+# The line also shows the training's speed as nanoGPT's does: tokens a second, and MFU -- the model's FLOPs a second
+# (6 per parameter per token, and attention's: Module 16) as a share of this machine's peak, measured on a GEMM.
 checkpoints = tt.callbacks.ModelCheckpoint(run.out / "checkpoints", keep_last=1, monitor="eval_loss", unit="step")
-callbacks = [PrintRow("step"), tt.callbacks.CSVLogger(run.out / "log.csv"), checkpoints] if run.is_writer else []
+tokens_per_step = settings.batch_size * settings.context * settings.accumulation_steps * run.world_size
+callbacks = [PrintRow("step", tokens_per_step=tokens_per_step, flops_per_token=tt.nn.flops_per_token(config),
+                      peak_flops=tt.profiler.peak_flops(settings.device)),
+             tt.callbacks.CSVLogger(run.out / "log.csv"), checkpoints] if run.is_writer else []
 
 # -- training --------------------------------------------------------------------------------------------------------
 # --resume loads the last checkpoint: weights, optimizer, schedule, the loader's place and every random generator,

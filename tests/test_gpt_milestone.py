@@ -4,6 +4,7 @@ from __future__ import annotations
 import csv
 import importlib.util
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -41,6 +42,9 @@ def test_gpt_milestone_writes_its_outputs_and_judges_the_validation_loss(tmp_pat
     result = run_gpt("--steps", "10", "--out", str(out))
     assert result.returncode == 1, result.stdout + result.stderr  # 10 steps of a tiny model: far above 1.95
     assert "step     4  lr" in result.stdout and "val loss" in result.stdout
+    speeds = re.findall(r"  ([\d,]+) tok/s  MFU (\d+\.\d)%", result.stdout)  # nanoGPT's figures on every line
+    assert len(speeds) == 3 and all(int(tokens.replace(",", "")) > 0 and float(share) > 0 for tokens, share in speeds), \
+        result.stdout
     assert "validation loss" in result.stdout and "(pass mark <= 1.95): FAIL" in result.stdout
     summary = json.loads((out / "result.json").read_text())
     assert summary["steps_done"] == summary["steps"] == 10 and summary["passed"] is False

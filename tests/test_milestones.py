@@ -202,3 +202,22 @@ def test_an_installed_wheel_runs_the_milestones_without_the_project(tmp_path: Pa
                                 text=True, timeout=300)
         assert result.returncode in (0, 1) and "test accuracy" in result.stdout, result.stdout + result.stderr
         assert json.loads((work / out / "result.json").read_text())["epochs_done"] == 1
+
+
+def test_the_row_line_shows_tokens_a_second_and_mfu_over_the_training_time_alone(capsys) -> None:
+    from tinytrain.course.milestones import PrintRow
+
+    class Resumed:  # a trainer resumed at step 100
+        step = 100
+
+    row = PrintRow("step", tokens_per_step=768, flops_per_token=1e6, peak_flops=1e11)
+    row.on_fit_begin(Resumed())
+    logs = {"step": 150, "lr": 1e-3, "train_loss": 2.0, "eval_loss": 2.1, "eval_accuracy": None, "seconds": 3.0,
+            "train_seconds": 2.0}
+    row.on_epoch_end(Resumed(), logs)
+    # 50 steps of 768 tokens in 2 s of training: 19,200 tok/s; 1.92e10 FLOP/s of a 1e11 peak: 19.2%
+    assert capsys.readouterr().out.rstrip().endswith("3.00s  19,200 tok/s  MFU 19.2%")
+    row.on_epoch_end(Resumed(), {**logs, "step": 200, "train_seconds": 4.0})  # the next row counts from step 150
+    assert capsys.readouterr().out.rstrip().endswith("3.00s  9,600 tok/s  MFU 9.6%")
+    PrintRow("epoch").on_epoch_end(Resumed(), {**logs, "epoch": 3})  # without the figures: no speed
+    assert capsys.readouterr().out.rstrip().endswith("3.00s")

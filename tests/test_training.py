@@ -3,8 +3,10 @@ from __future__ import annotations
 
 import functools
 import math
+import time
 
 import numpy as np
+
 import pytest
 
 import tinytrain as tt
@@ -446,7 +448,8 @@ def test_fit_checks_its_arguments_before_anything_runs(arguments, match) -> None
 def test_a_callback_can_stop_fit() -> None:
     class StopAtTwo(tt.callbacks.Callback):
         def on_epoch_end(self, trainer, logs):
-            assert set(logs) == {"epoch", "step", "lr", "train_loss", "eval_loss", "eval_accuracy", "grad_norm", "seconds"}
+            assert set(logs) == {"epoch", "step", "lr", "train_loss", "eval_loss", "eval_accuracy", "grad_norm", "seconds",
+                                 "train_seconds"}
             assert logs["eval_loss"] is None and logs["epoch"] == trainer.epoch
             trainer.stop_training = trainer.epoch == 2
 
@@ -454,6 +457,28 @@ def test_a_callback_can_stop_fit() -> None:
     trainer = Trainer(model, tt.SGD(model.parameters(), lr=0.1), nn.CrossEntropyLoss())
     trainer.fit(DataLoader(dataset(64), batch_size=32), epochs=10, callbacks=[StopAtTwo()], progress=False)
     assert trainer.epoch == 2 and trainer.history["eval_loss"] == []
+
+
+def test_train_seconds_leave_the_evaluation_out() -> None:
+    class SlowBatches:  # a validation loader whose every batch takes 50 ms to arrive
+        def __iter__(self):
+            for batch in DataLoader(dataset(8), batch_size=4):
+                time.sleep(0.05)
+                yield batch
+
+    rows = []
+
+    class Keep(tt.callbacks.Callback):
+        def on_epoch_end(self, trainer, logs):
+            rows.append(logs)
+
+    model = make_model()
+    trainer = Trainer(model, tt.SGD(model.parameters(), lr=0.1), nn.CrossEntropyLoss())
+    trainer.fit(DataLoader(dataset(16), batch_size=4), SlowBatches(), max_steps=4, eval_every=2, eval_batches=2,
+                callbacks=[Keep()], progress=False)
+    assert len(rows) == 2
+    for logs in rows:
+        assert 0 < logs["train_seconds"] and logs["seconds"] - logs["train_seconds"] >= 0.1, logs
 
 
 def test_same_seed_same_history() -> None:

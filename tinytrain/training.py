@@ -539,7 +539,7 @@ class Trainer(Resumable):
         for _ in bar:
             start = time.perf_counter()
             self.train_epoch(train_loader, accumulation_steps, progress)
-            self._end_row(val_loader, start, bar)
+            self._end_row(val_loader, start, time.perf_counter() - start, bar)
             if self.stop_training:
                 break
         if hasattr(bar, "close"):
@@ -557,13 +557,17 @@ class Trainer(Resumable):
             until = max_steps if eval_every is None else min(max_steps, (self.step // eval_every + 1) * eval_every)
             start = time.perf_counter()
             self._train_windows(windows, until, bar)
-            self._end_row(val_loader if val_stream is None else itertools.islice(val_stream, eval_batches), start, bar)
+            train_seconds = time.perf_counter() - start
+            self._end_row(val_loader if val_stream is None else itertools.islice(val_stream, eval_batches), start,
+                          train_seconds, bar)
         if bar is not None:
             bar.close()
 
-    def _end_row(self, val_batches: Iterable[Any] | None, start: float, bar: Any) -> None:
+    def _end_row(self, val_batches: Iterable[Any] | None, start: float, train_seconds: float, bar: Any) -> None:
         """Finish the history row that training has just appended: evaluate on ``val_batches`` (when
-        given), record the row's seconds since ``start``, then the callbacks."""
+        given), record the row's seconds since ``start``, then the callbacks. Their ``logs`` also
+        hold ``train_seconds``, the row's training alone (without the evaluation): what throughput
+        (tokens or samples a second) is measured over."""
         eval_loss = accuracy = None
         if val_batches is not None:
             eval_loss, accuracy = self.evaluate(val_batches)
@@ -572,7 +576,8 @@ class Trainer(Resumable):
         self.history["epoch_time"].append(time.perf_counter() - start)
         logs = {"epoch": self.epoch, "step": self.step, "lr": self.history["learning_rates"][-1],
                 "train_loss": self.history["train_loss"][-1], "eval_loss": eval_loss, "eval_accuracy": accuracy,
-                "grad_norm": self.history["grad_norm"][-1], "seconds": self.history["epoch_time"][-1]}
+                "grad_norm": self.history["grad_norm"][-1], "seconds": self.history["epoch_time"][-1],
+                "train_seconds": train_seconds}
         for callback in self._callbacks:
             callback.on_epoch_end(self, logs)
         for callback in self._callbacks:  # every callback's state is final now: a checkpoint holds it

@@ -226,17 +226,35 @@ def split_train_validation(dataset: Any, fraction: float, seed: int) -> tuple[Te
 
 
 class PrintRow(Callback):
-    """One line per history row (an epoch, or an evaluation in a step run) on standard output."""
+    """One line per history row (an epoch, or an evaluation in a step run) on standard output. Given
+    ``tokens_per_step``, ``flops_per_token`` and ``peak_flops`` (FLOP/s), a step run's line also shows
+    the training's tokens a second and its MFU, over the row's training time (its evaluation left out)."""
 
-    def __init__(self, unit: str) -> None:
-        self.unit = unit
+    def __init__(self, unit: str, tokens_per_step: int | None = None, flops_per_token: float | None = None,
+                 peak_flops: float | None = None) -> None:
+        self.unit, self.tokens_per_step, self.flops_per_token, self.peak_flops = \
+            unit, tokens_per_step, flops_per_token, peak_flops
+        self.last_step = 0
+
+    def on_fit_begin(self, trainer: Any) -> None:
+        self.last_step = trainer.step  # a resumed run's first row counts its own steps only
 
     def on_epoch_end(self, trainer: Any, logs: dict[str, Any]) -> None:
         accuracy = logs["eval_accuracy"]
         shown = "" if accuracy is None or np.isnan(accuracy) else f"  val acc {accuracy:.4f}"
         print(f"{self.unit} {logs[self.unit]:{5 if self.unit == 'step' else 3}d}  lr {logs['lr']:.4g}  "
-              f"train loss {logs['train_loss']:.4f}  val loss {logs['eval_loss']:.4f}{shown}  {logs['seconds']:.2f}s",
-              flush=True)
+              f"train loss {logs['train_loss']:.4f}  val loss {logs['eval_loss']:.4f}{shown}  {logs['seconds']:.2f}s"
+              f"{self._speed(logs)}", flush=True)
+        self.last_step = logs["step"]
+
+    def _speed(self, logs: dict[str, Any]) -> str:
+        """``"  N tok/s  MFU x%"`` for the steps since the last row, or ``""`` without the figures."""
+        steps, seconds = logs["step"] - self.last_step, logs["train_seconds"]
+        if self.tokens_per_step is None or steps <= 0 or seconds <= 0:
+            return ""
+        tokens = steps * self.tokens_per_step
+        utilisation = tt.profiler.mfu(self.flops_per_token * tokens, seconds, self.peak_flops)
+        return f"  {tokens / seconds:,.0f} tok/s  MFU {utilisation:.1%}"
 
 
 # -- the run -------------------------------------------------------------------------------------------------------
@@ -259,6 +277,11 @@ class Run:
     def is_writer(self) -> bool:
         """Whether this process prints and writes files: rank 0, or the only process."""
         return self.comm is None or self.comm.Get_rank() == 0
+
+    @property
+    def world_size(self) -> int:
+        """The MPI processes training together: 1 without --distributed."""
+        return 1 if self.comm is None else self.comm.Get_size()
 
     @property
     def total(self) -> int:
