@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+import time
 import tracemalloc
 import types
 
@@ -305,6 +306,24 @@ def test_a_gpt_steps_flops_agree_with_flops_per_token():
     assert products == tokens * (6 * matrices + 12 * config.n_layer * config.n_embd * config.block_size)
     everything = sum(e.flops for e in prof.events)
     assert everything / tokens == pytest.approx(flops_per_token(config), rel=0.05)
+
+
+def test_a_gpt_steps_self_times_account_for_its_wall_time():
+    # the events' self times partition the time spent inside modules, ops and backwards: together they are the
+    # step, less what runs outside any of them (the engine's walk between backwards, the profile's own work)
+    config = GPTConfig(vocab_size=65, block_size=64, n_layer=2, n_head=4, n_embd=64)
+    tt.manual_seed(0)
+    model = GPT(config)
+    idx = tt.tensor(np.random.default_rng(0).integers(0, 65, (4, 65)))
+    shares = []
+    for _ in range(3):  # the best of three: a busy machine can stop the process between two events
+        with profiler.profile() as prof:
+            start = time.perf_counter_ns()
+            _, loss = model(idx[:, :-1], targets=idx[:, 1:])
+            loss.backward()
+            wall = time.perf_counter_ns() - start
+        shares.append(sum(event.self_ns for event in prof.events) / wall)
+    assert 0.9 <= max(shares) <= 1.0, shares
 
 
 def test_conv2d_flops_in_a_profile():
