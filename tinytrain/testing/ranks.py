@@ -1,7 +1,7 @@
 """Several ranks on one machine without MPI: forked processes and a communicator over queues.
 
-``run_ranks(world_size, function, *args)`` forks ``world_size`` processes; rank ``r``
-runs ``function(comm, *args)`` with a :class:`ForkedComm` of rank ``r``, and the
+``run_ranks(world_size, function, *args, **kwargs)`` forks ``world_size`` processes; rank
+``r`` runs ``function(comm, *args, **kwargs)`` with a :class:`ForkedComm` of rank ``r``, and the
 return values come back as a list in rank order (they must pickle). Tests and
 graded checks use it to run data parallelism and ZeRO on 2, 3 or 4 ranks where
 ``mpirun`` is missing; ``tests/test_zero.py`` runs the same code under ``mpirun`` too.
@@ -125,18 +125,19 @@ class ForkedComm:
 
 
 def _rank_main(rank: int, world_size: int, inboxes: list[Any], results: Any, timeout: float,
-               function: Callable[..., Any], args: tuple) -> None:
+               function: Callable[..., Any], args: tuple, kwargs: dict) -> None:
     for inbox in inboxes:  # a rank that ends while others still send must not wait for its queues to drain
         inbox.cancel_join_thread()
     try:
-        value = function(ForkedComm(rank, world_size, inboxes, timeout), *args)
+        value = function(ForkedComm(rank, world_size, inboxes, timeout), *args, **kwargs)
         results.put((rank, True, value))
     except BaseException:  # noqa: BLE001 - every failure goes back to the parent, which raises it
         results.put((rank, False, traceback.format_exc()))
 
 
-def run_ranks(world_size: int, function: Callable[..., Any], *args: Any, timeout: float = 60.0) -> list[Any]:
-    """``[function(comm_of_rank_r, *args) for r in range(world_size)]``, each rank in a forked process.
+def run_ranks(world_size: int, function: Callable[..., Any], *args: Any, timeout: float = 60.0,
+              **kwargs: Any) -> list[Any]:
+    """``[function(comm_of_rank_r, *args, **kwargs) for r in range(world_size)]``, each rank in a forked process.
 
     Raises ``RuntimeError`` with the traceback of the first rank that fails (the others
     are stopped), or when the ranks have not all finished ``2 * timeout + 5`` seconds after
@@ -147,7 +148,7 @@ def run_ranks(world_size: int, function: Callable[..., Any], *args: Any, timeout
     context = multiprocessing.get_context("fork")
     inboxes = [context.Queue() for _ in range(world_size)]
     results = context.Queue()
-    processes = [context.Process(target=_rank_main, args=(rank, world_size, inboxes, results, timeout, function, args),
+    processes = [context.Process(target=_rank_main, args=(rank, world_size, inboxes, results, timeout, function, args, kwargs),
                                  daemon=True) for rank in range(world_size)]
     for process in processes:
         process.start()
