@@ -79,3 +79,28 @@ def test_one_rank_is_the_function_itself():
     assert run_ranks(1, lambda comm, x: (comm.Get_rank(), comm.Get_size(), x * 2), 21) == [(0, 1, 42)]
     with pytest.raises(ValueError, match="world_size >= 1, got 0"):
         run_ranks(0, print)
+
+
+def test_a_rank_killed_without_a_result_is_named():
+    import os
+    import signal
+
+    def killed(comm):
+        if comm.Get_rank() == 1:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return comm.Get_rank()
+
+    with pytest.raises(RuntimeError, match=r"rank 1 of 2 ended without a result \(killed by signal 9\)"):
+        run_ranks(2, killed, timeout=30.0)
+
+
+def _ranks_in_a_worker(world_size):
+    return run_ranks(world_size, lambda comm: comm.allgather(comm.Get_rank()))
+
+
+def test_ranks_start_inside_a_daemonic_worker():
+    """tinytrain mutants grades in multiprocessing's daemonic workers, which may not start Process children."""
+    import multiprocessing
+
+    with multiprocessing.get_context("fork").Pool(1) as pool:
+        assert pool.map(_ranks_in_a_worker, [2]) == [[[0, 1], [0, 1]]]

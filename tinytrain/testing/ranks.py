@@ -24,7 +24,9 @@ from __future__ import annotations
 
 import functools
 import multiprocessing
+import os
 import queue
+import signal
 import time
 import traceback
 from typing import Any, Callable
@@ -126,47 +128,91 @@ class ForkedComm:
 
 def _rank_main(rank: int, world_size: int, inboxes: list[Any], results: Any, timeout: float,
                function: Callable[..., Any], args: tuple, kwargs: dict) -> None:
-    for inbox in inboxes:  # a rank that ends while others still send must not wait for its queues to drain
-        inbox.cancel_join_thread()
+    """A forked rank's life: run ``function``, send its result (or traceback), flush the queues, exit.
+
+    The exit waits for the queues to deliver what the rank sent: every message belongs to
+    a collective its receiver waits in, so each is read. ``os._exit`` skips the cleanup
+    the parent registered (pytest's, say), which is the parent's to run.
+    """
     try:
-        value = function(ForkedComm(rank, world_size, inboxes, timeout), *args, **kwargs)
-        results.put((rank, True, value))
-    except BaseException:  # noqa: BLE001 - every failure goes back to the parent, which raises it
-        results.put((rank, False, traceback.format_exc()))
+        try:
+            value = function(ForkedComm(rank, world_size, inboxes, timeout), *args, **kwargs)
+            results.put((rank, True, value))
+        except BaseException:  # noqa: BLE001 - every failure goes back to the parent, which raises it
+            results.put((rank, False, traceback.format_exc()))
+        for messages in (*inboxes, results):
+            messages.close()
+            messages.join_thread()
+    finally:
+        os._exit(0)
+
+
+def _ended(pids: dict[int, int]) -> dict[int, int]:
+    """The ranks among ``pids`` (rank -> process id) whose processes have ended: rank -> exit code
+    (negative: the signal that ended it). They are reaped, and so removed from ``pids``."""
+    ended = {}
+    for rank, pid in list(pids.items()):
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            ended[rank] = os.waitstatus_to_exitcode(status)
+            del pids[rank]
+    return ended
 
 
 def run_ranks(world_size: int, function: Callable[..., Any], *args: Any, timeout: float = 60.0,
               **kwargs: Any) -> list[Any]:
     """``[function(comm_of_rank_r, *args, **kwargs) for r in range(world_size)]``, each rank in a forked process.
 
-    Raises ``RuntimeError`` with the traceback of the first rank that fails (the others
-    are stopped), or when the ranks have not all finished ``2 * timeout + 5`` seconds after
-    the last one did (a rank's own ``timeout`` in a collective should have ended it first).
+    Plain ``os.fork``: it works inside multiprocessing's daemonic workers too, which may not
+    start children of their own (``tinytrain mutants`` grades in such workers). Raises
+    ``RuntimeError`` with the traceback of the first rank that fails (the others are
+    killed), naming a rank whose process ended without a result (a SIGKILL, say), or when
+    the ranks have not all finished ``2 * timeout + 5`` seconds after the last result came
+    (a rank's own ``timeout`` in a collective should have ended it first).
     """
     if not isinstance(world_size, int) or world_size < 1:
         raise ValueError(f"run_ranks needs a world_size >= 1, got {world_size!r}")
-    context = multiprocessing.get_context("fork")
+    context = multiprocessing.get_context("fork")  # queues whose pipes and locks the forked ranks share
     inboxes = [context.Queue() for _ in range(world_size)]
     results = context.Queue()
-    processes = [context.Process(target=_rank_main, args=(rank, world_size, inboxes, results, timeout, function, args, kwargs),
-                                 daemon=True) for rank in range(world_size)]
-    for process in processes:
-        process.start()
+    pids: dict[int, int] = {}  # rank -> process id, until reaped
     finished: dict[int, Any] = {}
     try:
+        for rank in range(world_size):
+            pid = os.fork()
+            if pid == 0:
+                _rank_main(rank, world_size, inboxes, results, timeout, function, args, kwargs)
+            pids[rank] = pid
+        deadline = time.monotonic() + 2 * timeout + 5
         while len(finished) < world_size:
-            try:
-                rank, ok, value = results.get(timeout=2 * timeout + 5)
-            except queue.Empty:
+            if _collect(results, finished, world_size, wait=0.2):
+                deadline = time.monotonic() + 2 * timeout + 5
+                continue
+            for rank, code in _ended(pids).items():
+                while rank not in finished and _collect(results, finished, world_size, wait=0.5):
+                    pass  # a rank's last result may still be on its way as it exits
+                if rank not in finished:
+                    how = f"killed by signal {-code}" if code < 0 else f"exit code {code}"
+                    raise RuntimeError(f"rank {rank} of {world_size} ended without a result ({how})")
+            if time.monotonic() > deadline:
                 missing = [r for r in range(world_size) if r not in finished]
-                raise RuntimeError(f"rank(s) {missing} of {world_size} did not finish within "
-                                   f"{2 * timeout + 5:g} s") from None
-            if not ok:
-                raise RuntimeError(f"rank {rank} of {world_size} failed:\n{value}")
-            finished[rank] = value
+                raise RuntimeError(f"rank(s) {missing} of {world_size} did not finish within {2 * timeout + 5:g} s")
     finally:
-        for process in processes:
-            if process.is_alive():
-                process.terminate()
-            process.join()
+        for pid in pids.values():
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        for messages in (*inboxes, results):
+            messages.close()
     return [finished[rank] for rank in range(world_size)]
+
+
+def _collect(results: Any, finished: dict[int, Any], world_size: int, wait: float) -> bool:
+    """Take one result within ``wait`` seconds into ``finished`` (raising a rank's failure); whether one came."""
+    try:
+        rank, ok, value = results.get(timeout=wait)
+    except queue.Empty:
+        return False
+    if not ok:
+        raise RuntimeError(f"rank {rank} of {world_size} failed:\n{value}")
+    finished[rank] = value
+    return True
