@@ -20,7 +20,7 @@ import numpy as np
 
 from tinytrain.arguments import check_int
 from tinytrain.data import DataLoader
-from tinytrain.runtime.mpi import communicator, world
+from tinytrain.runtime.mpi import broadcast, communicator, world
 from tinytrain.tensor import Tensor
 
 
@@ -144,7 +144,7 @@ def average_gradients(parameters: list[Tensor], comm: Any, extra: float = 0.0) -
     whose ``.grad`` is ``None`` is left out of the buffer and keeps ``None`` (the same
     backward gives every rank gradients for the same parameters). MPI reads host memory:
     a gradient on a device goes into the buffer through ``backend.to_host`` and comes
-    back through ``backend.from_host``, as ``DataParallel.broadcast`` does below."""
+    back through ``backend.from_host``, as ``broadcast`` (in ``tinytrain/runtime/mpi.py``) does for ``DataParallel``."""
     grads = [p.grad for p in parameters if p.grad is not None]
     sizes = [g.size for g in grads]
     send = np.empty(sum(sizes) + 1, dtype=np.float32)
@@ -187,11 +187,7 @@ class DataParallel:
 
     def broadcast(self, model: Any) -> None:
         """Give every rank rank 0's parameters and buffers (in place)."""
-        tensors = list(model.parameters()) + [b for b in model.buffers() if b is not None]
-        for t in tensors:
-            host = np.ascontiguousarray(t._backend.to_host(t.data))
-            self.comm.Bcast(host, root=0)
-            t.data[...] = t._backend.from_host(host)
+        broadcast(list(model.parameters()) + [b for b in model.buffers() if b is not None], self.comm)
 
     def before_step(self, parameters: list[Tensor], loss: float) -> bool:
         self.nonfinite_ranks = round(average_gradients(parameters, self.comm, 0.0 if math.isfinite(loss) else 1.0))

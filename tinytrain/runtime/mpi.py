@@ -4,8 +4,12 @@
 imports without MPI; where mpi4py is missing it raises an ``ImportError`` that says
 what to install and how to launch. ``communicator(comm)`` is ``comm``, or the world
 when ``comm`` is ``None``: every distributed class takes ``comm=None`` that way.
+``broadcast(tensors, comm)`` gives every rank rank 0's values, as both strategies
+do when they start.
 """
-from typing import Any
+from typing import Any, Iterable
+
+import numpy as np
 
 
 def world() -> Any:
@@ -21,3 +25,12 @@ def world() -> Any:
 def communicator(comm: Any) -> Any:
     """``comm``, or :func:`world` when it is ``None``."""
     return world() if comm is None else comm
+
+
+def broadcast(tensors: Iterable[Any], comm: Any) -> None:
+    """Give every rank rank 0's values of ``tensors`` (in place), one ``Bcast`` each through a host
+    buffer: MPI reads host memory, so a device array goes through ``to_host`` and back."""
+    for t in tensors:
+        host = np.ascontiguousarray(t._backend.to_host(t.data))
+        comm.Bcast(host, root=0)
+        t.data[...] = t._backend.from_host(host)
