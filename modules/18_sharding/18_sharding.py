@@ -159,6 +159,7 @@ _dp, _z3 = zero_memory(1000, 4, 0), zero_memory(1000, 4, 3)
 assert _dp == {"parameters": 4000.0, "gradients": 4000.0, "optimizer_state": 8000.0, "total": 16000.0}, _dp
 assert _z3 == {"parameters": 0.0, "gradients": 1000.0, "optimizer_state": 3000.0, "total": 4000.0}, _z3
 assert [zero_memory(1000, 4, s)["total"] for s in (1, 2)] == [12000.0, 8000.0]
+assert zero_memory(1000, 4, 2, state_arrays=1)["optimizer_state"] == 2000.0, "SGD's momentum: k = 1"
 print("zero_memory OK")
 
 # %% [markdown]
@@ -267,6 +268,10 @@ assert _flat.tolist() == [0, 1, 2, 3, 4, 5, 6, 7, 0], "C order, whatever the mem
 _parts = _bucket.unflatten(_flat)
 assert [p.shape for p in _parts] == [(2, 3), (2,)] and _parts[1].tolist() == [6.0, 7.0]
 assert all(np.shares_memory(p, _flat) for p in _parts), "views, not copies"
+_whole = Bucket([tt.zeros(3, requires_grad=True, dtype="float64")], world_size=1, rank=0)
+_row = np.arange(3.0)
+assert _whole.flatten([_row]).dtype == np.float64 and not np.shares_memory(_whole.flatten([_row]), _row), \
+    "a new vector in the bucket's dtype, even when no padding is needed"
 print("Bucket OK")
 
 # %% [markdown]
@@ -336,10 +341,11 @@ def all_gather(bucket: Bucket, shard: np.ndarray, comm: Any) -> np.ndarray:
 
 # %% check=2
 class _FakeRank(SingleProcess):
-    """Rank ``rank`` of ``size``; the other ranks sent ``others`` (their buffers, summed or in rank order)."""
+    """Rank ``rank`` of ``size``; the other ranks sent ``others`` (their buffers, summed or in rank order).
+    ``calls`` counts the collectives."""
 
     def __init__(self, rank, size, others):
-        self.rank, self.size, self.others = rank, size, others
+        self.rank, self.size, self.others, self.calls = rank, size, others, 0
 
     def Get_rank(self):
         return self.rank
@@ -348,23 +354,29 @@ class _FakeRank(SingleProcess):
         return self.size
 
     def Reduce_scatter_block(self, send, receive, op=None):
+        self.calls += 1
         block = send.size // self.size
         receive[...] = (send + self.others)[self.rank * block:(self.rank + 1) * block]
 
     def Allgather(self, send, receive):
+        self.calls += 1
         receive[...] = np.insert(self.others, self.rank * send.size, send)
 
 
 _a.grad, _b.grad = tt.tensor(np.ones((2, 3))), None
-_shard = reduce_scatter(_bucket, _FakeRank(1, 3, np.full(9, 2.0, np.float32)))
+_comm = _FakeRank(1, 3, np.full(9, 2.0, np.float32))
+_shard = reduce_scatter(_bucket, _comm)
 assert _shard.tolist() == [1.0, 1.0, 1.0] and _shard.dtype == np.float32, f"(1 + 2) / 3 each, got {_shard}"
+assert _comm.calls == 1, f"one Reduce_scatter_block for the bucket, got {_comm.calls} calls"
 _a.grad, _b.grad = tt.tensor(np.ones((2, 3)), device="strict"), tt.tensor([5.0, 8.0], dtype="float16")
 _shard = reduce_scatter(_bucket, _FakeRank(2, 3, np.full(9, 1.0, np.float32)))
 assert np.allclose(_shard, [2.0, 3.0, 1 / 3]) and _shard.dtype == np.float32, f"rank 2's block (6, 9, 1) / 3: {_shard}"
 _mine = np.array([3, 4, 5], np.float16)  # the other ranks' shards arrive as the raw bytes of float16 numbers
 _others = np.array([0, 1, 2, 6, 7, 8], np.float16).view(np.uint16)
-_full = all_gather(_bucket, _mine, _FakeRank(1, 3, _others))
+_comm = _FakeRank(1, 3, _others)
+_full = all_gather(_bucket, _mine, _comm)
 assert _full.tolist() == [0, 1, 2, 3, 4, 5, 6, 7, 8] and _full.dtype == np.float16, _full
+assert _comm.calls == 1, f"one Allgather for the bucket, got {_comm.calls} calls"
 print("reduce_scatter and all_gather OK")
 
 # %% [markdown]
@@ -937,6 +949,24 @@ for _stage in STAGES:
         assert np.allclose(_a.numpy(), _b.numpy(), rtol=1e-5, atol=1e-6), f"stage {_stage}: {_a.numpy()} {_b.numpy()}"
         assert _a.data.flags.f_contiguous == _b.data.flags.f_contiguous, "each weight keeps its memory order"
     assert np.allclose(_reference.history["grad_norm"], _zero.history["grad_norm"], rtol=1e-5), _zero.history
+
+
+class _Counting(SingleProcess):
+    def __init__(self):
+        self.calls = {}
+
+    def Allgather(self, send, receive):
+        self.calls["Allgather"] = self.calls.get("Allgather", 0) + 1
+        receive[...] = send
+
+    def Reduce_scatter_block(self, send, receive, op=None):
+        self.calls["Reduce_scatter_block"] = self.calls.get("Reduce_scatter_block", 0) + 1
+        receive[...] = send
+
+
+# one collective per bucket, whatever the number of parameters in it
+_zero = _tiny_run(ZeRO(stage=2, comm=_Counting()), epochs=1)
+assert _zero.strategy.comm.calls == {"Allgather": 1 + 3, "Reduce_scatter_block": 3}, _zero.strategy.comm.calls
 
 
 class _OtherRankFlags(SingleProcess):
