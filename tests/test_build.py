@@ -416,6 +416,24 @@ def test_orphaned_generated_file_is_reported_then_removed(built: Path, capsys: p
     assert build.check(built) == []
 
 
+def test_milestone_recipes_are_copied_into_the_package(built: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """An installed package has no milestones/ folder: `tinytrain milestone` runs the copies the build makes."""
+    recipe = built / "milestones/demo.py"
+    recipe.parent.mkdir()
+    recipe.write_text('"""A recipe."""\nprint("training")\n')
+    copy = built / "tinytrain/course/recipes/demo.py"
+    assert build.stale(built) == {copy: "missing"}
+    assert run_cli(capsys, "build", "--root", str(built))[1] == "wrote tinytrain/course/recipes/demo.py\n"
+    assert copy.read_text() == (f"{build.HEADER.format(source='milestones/demo.py')}\n"
+                                '"""A recipe."""\nprint("training")\n')
+    recipe.write_text('"""A recipe."""\nprint("training longer")\n')
+    assert build.stale(built) == {copy: "out of date"}
+    recipe.unlink()
+    assert build.stale(built) == {copy: "orphaned: no module source or milestone makes it any more"}
+    status, out, _ = run_cli(capsys, "build", "--root", str(built))
+    assert status == 0 and "removed tinytrain/course/recipes/demo.py" in out and not copy.exists()
+
+
 @pytest.mark.parametrize(
     "old, new, line, message",
     [
@@ -503,7 +521,7 @@ def test_cli_without_jupytext_says_what_to_install(project: Path) -> None:
 
 
 def test_repository_build_is_up_to_date() -> None:
-    """The committed library files and notebooks match a fresh build of modules/."""
+    """The committed library files, notebooks and recipe copies match a fresh build of modules/ and milestones/."""
     stale = {path.relative_to(REPO).as_posix(): why for path, why in build.stale(REPO).items()}
     assert stale == {}, "run `tinytrain build`"
 

@@ -225,7 +225,8 @@ def test_doctor_gives_a_fix_for_each_problem(tmp_path: Path, monkeypatch, capsys
 # -- export, reset and a broken package, on a copy ------------------------------------------------------
 @pytest.fixture
 def copy(tmp_path: Path):
-    """Run ``python -m tinytrain ...`` against a copy of the package; returns (run, package folder)."""
+    """Run ``python -m tinytrain ...`` (or ``python -c code``, ``python script ...``) against a copy of the package;
+    returns (run, package folder)."""
     site = tmp_path / "site"
     shutil.copytree(ROOT / "tinytrain", site / "tinytrain",
                     ignore=shutil.ignore_patterns("__pycache__", inventory.BACKUP_DIR))
@@ -234,10 +235,14 @@ def copy(tmp_path: Path):
     env = dict(os.environ, PYTHONPATH=str(site))
     env.pop(grading.NOTEBOOK_ENV, None)
 
-    def run(*args: str, root: bool = True, code: str | None = None) -> subprocess.CompletedProcess:
-        command = [sys.executable, "-c", code] if code else [sys.executable, "-m", "tinytrain", *args]
-        if root and not code:
-            command += ["--root", str(ROOT)]
+    def run(*args: str, root: bool = True, code: str | None = None,
+            script: Path | None = None) -> subprocess.CompletedProcess:
+        if code:
+            command = [sys.executable, "-c", code]
+        elif script:
+            command = [sys.executable, str(script), *args]
+        else:
+            command = [sys.executable, "-m", "tinytrain", *args, *(["--root", str(ROOT)] if root else [])]
         return subprocess.run(command, cwd=work, env=env, capture_output=True, text=True, timeout=300)
 
     return run, site / "tinytrain"
@@ -300,11 +305,12 @@ def test_stubs_left_in_an_export_are_named_by_status_doctor_and_the_milestones(c
     assert "[FAIL] module 02_autograd holds your exported code with stubs left" in doctor.stdout
     assert "[FAIL] a small training run fails in your exported code of module 02_autograd" in doctor.stdout
 
-    milestone = run("milestone", "mlp", "--epochs", "1", "--warmup", "0", "--out", str(tmp_path / "run"), root=False)
-    assert milestone.returncode == 1 and "Traceback" not in milestone.stderr
-    assert "the milestone failed in your exported code of module 02_autograd" in milestone.stderr
-    assert "NotImplementedError: apply: your code here" in milestone.stderr
-    assert "tinytrain reset 02" in milestone.stderr
+    options = ("--epochs", "1", "--warmup", "0", "--out", str(tmp_path / "run"))
+    for milestone in (run("milestone", "mlp", *options, root=False), run(*options, script=ROOT / "milestones/mlp.py")):
+        assert milestone.returncode == 1 and "Traceback" not in milestone.stderr, milestone.stderr
+        assert "the milestone failed in your exported code of module 02_autograd" in milestone.stderr
+        assert "NotImplementedError: apply: your code here" in milestone.stderr
+        assert "tinytrain reset 02" in milestone.stderr
 
     reset = run("reset", "--all")
     assert reset.returncode == 0 and "reset " in reset.stdout, reset.stderr

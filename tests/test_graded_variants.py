@@ -874,6 +874,49 @@ def test_a_convolution_that_returns_a_bias_gradient_nobody_needs_loses_its_point
            "returned a bias gradient nobody needs")
 
 
+def _conv_recipe(crop: str):
+    """The lesson's convolution as a student writes it, cutting the padding off the input gradient with
+    ``crop``: "ph:H - ph", or "ph:-ph", which is the empty slice 0:0 for padding 0."""
+
+    class Conv2dFunction(autograd.Function):
+        def forward(self, x, weight, bias=None, *, stride, padding):
+            (ph, pw), (out_channels, _, kh, kw) = padding, weight.shape
+            x = self.backend.pad(x, ((0, 0), (0, 0), (ph, ph), (pw, pw)))
+            n, _, height, width = x.shape
+            self.cols = conv.im2col(self.xp, x, (kh, kw), stride)
+            out = self.xp.matmul(weight.reshape(out_channels, -1), self.cols)
+            if bias is not None:
+                out += bias.reshape(out_channels, 1)
+            self.weight, self.stride, self.padding, self.padded_shape = weight, stride, padding, x.shape
+            return out.reshape(n, out_channels, conv.output_size(height, kh, stride[0]),
+                               conv.output_size(width, kw, stride[1]))
+
+        def backward(self, grad):
+            (n, out_channels), (ph, pw), (height, width) = grad.shape[:2], self.padding, self.padded_shape[2:]
+            g = grad.reshape(n, out_channels, -1)
+            grads = [None, None, None][:len(self.inputs)]
+            if self.inputs[0].requires_grad:
+                grad_cols = self.xp.matmul(self.weight.reshape(out_channels, -1).T, g)
+                padded = conv.col2im(self.xp, grad_cols, self.padded_shape, self.weight.shape[2:], self.stride)
+                grads[0] = (padded[:, :, ph:height - ph, pw:width - pw] if crop == "ph:H - ph"
+                            else padded[:, :, ph:-ph, pw:-pw])
+            if self.inputs[1].requires_grad:
+                grads[1] = self.xp.matmul(g, self.cols.transpose(0, 2, 1)).sum(axis=0).reshape(self.weight.shape)
+            if len(self.inputs) == 3 and self.inputs[2].requires_grad:
+                grads[2] = g.sum(axis=(0, 2))
+            return tuple(grads)
+
+    return Conv2dFunction
+
+
+@pytest.mark.parametrize("check_name", ["test_conv_backward_gradcheck", "test_conv_backward_against_loops"])
+def test_a_convolution_that_crops_with_ph_colon_minus_ph_is_told_why_its_input_gradient_is_empty(check_name):
+    """`x[..., 0:-0]` is empty: the check names that cause, not gradcheck's IndexError or a bare shape mismatch."""
+    check = getattr(_graded("11_convolutions"), check_name)
+    check(_student(conv, Conv2dFunction=_conv_recipe("ph:H - ph")))
+    _fails(check, _student(conv, Conv2dFunction=_conv_recipe("ph:-ph")), "`ph:-ph` is `0:-0`", "`ph:H - ph`")
+
+
 # -- Module 12 ----------------------------------------------------------------------------------
 # Four load_state variants that break its docstring ("those three keys and no others", "Python ints",
 # "a seed of 2**64 or more is kept modulo 2**64"), and a matmul_cost that counts FLOPs in a float.

@@ -1,9 +1,10 @@
 """The course tooling: everything that serves the course rather than training models.
 
-Hand-written; none of it is generated from a lesson and none of it is the student's.
+Hand-written, but for the copies in ``recipes/``; none of it comes from a lesson and none of it is the
+student's.
 
 * ``cli``: the ``tinytrain`` command (``python -m tinytrain``)
-* ``build``: library files and student notebooks from ``modules/``
+* ``build``: library files and student notebooks from ``modules/``, recipe copies from ``milestones/``
 * ``markers``: the comment above each library function that is the student's
 * ``inventory``: which teaching module each library file belongs to, and whose code it holds
 * ``notebooks``: reading a notebook's export cells
@@ -14,7 +15,9 @@ Hand-written; none of it is generated from a lesson and none of it is the studen
 * ``imports``: which names one exported file needs from its siblings
 * ``doctor``: ``tinytrain doctor``, the installation checks
 * ``gpu``: the GPU part of ``doctor`` (the CuPy wheel, the driver, a kernel on ``cuda:0``)
-* ``milestones``: the end-to-end training runs
+* ``milestones``: what the milestone recipes (``milestones/*.py``) share -- options, output folder, resuming,
+  result -- and the runner of ``tinytrain milestone``
+* ``recipes/``: copies of the milestone recipes that ``tinytrain build`` makes, for an installed package
 
 The command starts without importing the library (``cli`` and the modules it
 imports load library code only inside the functions that need it; ``milestones``

@@ -19,7 +19,6 @@ import importlib.metadata
 import re
 import sys
 
-import numpy as np
 
 _CUPY_PACKAGE = re.compile(r"^cupy(?:-cuda(\d+)(x?)|-rocm-[\d-]+)?$")
 
@@ -164,6 +163,8 @@ def gpu_report() -> list[tuple[bool, str, str | None]]:
         with cupy.cuda.Device(0):
             x = cupy.arange(12, dtype=cupy.float32).reshape(3, 4)
             value = float(((x @ x.T) * 2).sum())  # an elementwise kernel (compiled by NVRTC) and cuBLAS
+        import numpy as np  # here: the tinytrain command must start without NumPy (see tinytrain/course/cli.py)
+
         host = np.arange(12, dtype=np.float32).reshape(3, 4)
         expected = float(((host @ host.T) * 2).sum())
         if value != expected:
