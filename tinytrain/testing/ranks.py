@@ -4,7 +4,8 @@
 ``r`` runs ``function(comm, *args, **kwargs)`` with a :class:`ForkedComm` of rank ``r``, and the
 return values come back as a list in rank order (they must pickle). Tests and
 graded checks use it to run data parallelism and ZeRO on 2, 3 or 4 ranks where
-``mpirun`` is missing; ``tests/test_zero.py`` runs the same code under ``mpirun`` too.
+``mpirun`` is missing; ``tests/test_zero.py`` runs the same code under ``mpirun`` too,
+found by :func:`find_mpirun`.
 
 The communicator offers the part of mpi4py's buffer interface that tinytrain uses
 (``Allreduce``, ``Reduce_scatter_block``, ``Allgather``, ``Gather``, ``Bcast``) and
@@ -25,10 +26,14 @@ from __future__ import annotations
 import functools
 import multiprocessing
 import os
+import importlib.util
 import queue
+import shutil
 import signal
+import sys
 import time
 import traceback
+from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
@@ -216,3 +221,13 @@ def _collect(results: Any, finished: dict[int, Any], world_size: int, wait: floa
         raise RuntimeError(f"rank {rank} of {world_size} failed:\n{value}")
     finished[rank] = value
     return True
+
+
+def find_mpirun() -> str | None:
+    """The command that launches MPI ranks -- ``mpirun`` or ``mpiexec`` on the PATH, or the ``mpirun`` that
+    pip's ``mpich`` wheel puts beside the Python executable -- or None when it or ``mpi4py`` is missing
+    (``pip install mpi4py mpich`` installs both)."""
+    if importlib.util.find_spec("mpi4py") is None:
+        return None
+    beside_python = Path(sys.executable).parent / "mpirun"
+    return shutil.which("mpirun") or shutil.which("mpiexec") or (str(beside_python) if beside_python.exists() else None)
