@@ -921,17 +921,20 @@ class ShardedOptimizer:
 
 
 # %% check=3
-_DATA = TensorDataset(np.random.default_rng(0).standard_normal((24, 4)).astype(np.float32),
-                      np.random.default_rng(1).integers(0, 3, 24))
+_INPUTS = np.random.default_rng(0).standard_normal((24, 4)).astype(np.float32)
+_LABELS = np.random.default_rng(1).integers(0, 3, 24)
+_DATA = TensorDataset(_INPUTS, _LABELS)
 
 
-def _tiny_run(strategy, epochs=3, precision="32-true", device="cpu"):
+def _tiny_run(strategy, epochs=3, precision="32-true", device="cpu", data=_DATA, scale=None):
     tt.manual_seed(0)
     model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 3)).to(device)
     optimizer = tt.optim.AdamW(model.parameters(), lr=0.05)
     trainer = tt.Trainer(model, optimizer, nn.CrossEntropyLoss(), strategy=strategy, precision=precision,
                          grad_clip_norm=0.5)
-    loader = DistributedDataLoader(_DATA, batch_size=4, comm=SingleProcess(), device=device)
+    if scale is not None:  # 16-mixed from this loss scale
+        trainer._amp.scaler.scale = scale
+    loader = DistributedDataLoader(data, batch_size=4, comm=SingleProcess(), device=device)
     trainer.fit(loader, epochs=epochs, accumulation_steps=2, progress=False)
     return trainer
 
@@ -1004,6 +1007,56 @@ assert [_run.skipped_steps for _run in _runs] == [1, 1], [_run.skipped_steps for
 _runs[1].strategy.gather_parameters(_runs[1].strategy.buckets)
 assert all(np.allclose(_a.numpy(), _b.numpy(), rtol=1e-5, atol=1e-6)
            for _a, _b in zip(*[_run.model.parameters() for _run in _runs]))
+assert np.allclose(_runs[0].history["train_loss"], _runs[1].history["train_loss"], rtol=1e-5), \
+    "a skipped step's loss is not counted (take_step returns False)"
+
+
+class _FirstFlags(SingleProcess):
+    """Keeps the flags of the first all-reduce this rank sends, and adds ``squares`` (another rank's) to it."""
+
+    def __init__(self, squares=0.0):
+        self.squares, self.flags = squares, None
+
+    def Allreduce(self, send, receive, op=None):
+        receive[...] = send
+        if self.flags is None:
+            self.flags = send[1:].tolist()
+            receive[0] += self.squares
+
+
+# this rank's own non-finite loss and float16 overflow go into the flags, for the other ranks
+_comm = _FirstFlags()
+_tiny_run(ZeRO(stage=2, comm=_comm), epochs=1,
+          data=TensorDataset(np.where(np.arange(24)[:, None] == 0, np.nan, _INPUTS).astype(np.float32), _LABELS))
+assert _comm.flags == [1.0, 0.0], f"flags [loss not finite, overflow] sent with a nan loss: {_comm.flags}"
+_comm = _FirstFlags()
+_runs = [_tiny_run(strategy, precision="16-mixed", scale=2.0**24)
+         for strategy in (DataParallel(SingleProcess()), ZeRO(stage=2, comm=_comm))]
+assert _comm.flags == [0.0, 1.0], f"flags sent when the float16 gradients overflow: {_comm.flags}"
+assert len({(_run.skipped_steps, _run._amp.scaler.scale) for _run in _runs}) == 1, "skips and backs off as DataParallel"
+
+# a gradient norm that is not finite (here another rank's squares) skips the step
+assert _tiny_run(ZeRO(stage=2, comm=_FirstFlags(squares=math.inf)), epochs=1).skipped_steps == 1
+
+
+def _sgd_step(clip):
+    """One SGD step (lr 100) of a bias-free Linear on inputs of about 1e-3, clipped at ``clip``:
+    (the weight before, the weight after, the gradient norm)."""
+    tt.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 3, bias=False))
+    before = model[0].weight.numpy().astype(np.float64)
+    trainer = tt.Trainer(model, tt.optim.SGD(model.parameters(), lr=100.0), nn.CrossEntropyLoss(),
+                         strategy=ZeRO(stage=2, comm=SingleProcess()), grad_clip_norm=clip)
+    trainer.fit(DistributedDataLoader(TensorDataset(_INPUTS * 1e-3, _LABELS), batch_size=24, comm=SingleProcess()),
+                max_steps=1, progress=False)
+    return before, model[0].weight.numpy().astype(np.float64), trainer.history["grad_norm"][-1]
+
+
+# clipping: a norm equal to the maximum is not above it; above, the gradient is scaled by max / (norm + 1e-6)
+_before, _free, _norm = _sgd_step(1e9)
+assert np.array_equal(_sgd_step(_norm)[1], _free), "clipped at exactly its own norm: not scaled"
+assert np.allclose(_sgd_step(_norm / 2)[1], _before - (_before - _free) * (_norm / 2) / (_norm + 1e-6),
+                   rtol=1e-5, atol=0), "clipped at half its norm: scaled by max_norm / (norm + 1e-6)"
 
 # 16-mixed: float16 working copies in the model, float32 masters; the steps and loss scale are DataParallel's
 _zero = _tiny_run(ZeRO(stage=1, comm=SingleProcess()), precision="16-mixed")
@@ -1012,6 +1065,14 @@ assert all(_p.dtype == np.float16 for _p in _zero.model.parameters())
 assert all(_b.master.dtype == np.float32 for _b in _zero.strategy.buckets)
 assert np.allclose(_zero.history["train_loss"], _mixed.history["train_loss"], rtol=1e-2), _zero.history
 assert _zero._amp.scaler.state_dict() == _mixed._amp.scaler.state_dict()
+# a weight outside the optimizer gets its float32 value back before every step (restore_masters)
+tt.manual_seed(0)
+_model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 3))
+_frozen = _model[0].weight.numpy()
+_trainer = tt.Trainer(_model, tt.optim.AdamW(_model[2].parameters(), lr=0.05), nn.CrossEntropyLoss(),
+                      strategy=ZeRO(stage=2, comm=SingleProcess()), precision="16-mixed")
+_trainer.fit(DistributedDataLoader(_DATA, batch_size=8, comm=SingleProcess()), max_steps=2, progress=False)
+assert _model[0].weight.dtype == np.float32 and np.array_equal(_model[0].weight.numpy(), _frozen), _model[0].weight
 
 # offloading: the masters and their gradients in host memory, the model on its device (here the strict one)
 _zero = _tiny_run(ZeRO(stage=2, offload="cpu", comm=SingleProcess()), device="strict")

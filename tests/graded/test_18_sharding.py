@@ -19,7 +19,8 @@ from tinytrain.distributed import DataParallel, DistributedDataLoader, SinglePro
 from tinytrain.testing.ranks import run_ranks
 
 RNG = np.random.default_rng(18)
-DATA = TensorDataset(RNG.standard_normal((24, 4)).astype(np.float32), RNG.integers(0, 3, 24))
+INPUTS, LABELS = RNG.standard_normal((24, 4)).astype(np.float32), RNG.integers(0, 3, 24)
+DATA = TensorDataset(INPUTS, LABELS)
 
 
 class Recording(SingleProcess):
@@ -54,12 +55,15 @@ class Recording(SingleProcess):
         receive[...] = np.insert(others, self.rank * np.size(send), send)
 
 
-def run(strategy, epochs=3, precision="32-true", device="cpu", clip=0.5, accumulation=2, data=DATA):
-    """A small MLP trained with AdamW by ``strategy`` on one rank; the trainer."""
+def run(strategy, epochs=3, precision="32-true", device="cpu", clip=0.5, accumulation=2, data=DATA, scale=None):
+    """A small MLP trained with AdamW by ``strategy`` on one rank (16-mixed: from the loss scale ``scale``, when
+    given); the trainer."""
     tt.manual_seed(0)
     model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 3)).to(device)
     trainer = tt.Trainer(model, tt.optim.AdamW(model.parameters(), lr=0.05), nn.CrossEntropyLoss(),
                          strategy=strategy, precision=precision, grad_clip_norm=clip)
+    if scale is not None:
+        trainer._amp.scaler.scale = scale
     loader = DistributedDataLoader(data, batch_size=4, comm=SingleProcess(), device=device)
     with np.errstate(over="ignore", invalid="ignore"):
         trainer.fit(loader, epochs=epochs, accumulation_steps=accumulation, progress=False)
@@ -258,16 +262,35 @@ def test_reduce_gradients(student):
 
 
 class OnceFlagged(SingleProcess):
-    """One rank's data, but the first Allreduce of a run adds 1 at position ``slot``: another rank's flag."""
+    """One rank's data, but the first Allreduce of a run adds ``value`` at position ``slot``: another rank's
+    flag (or, at 0, its squares)."""
 
-    def __init__(self, slot):
-        self.slot, self.calls = slot, 0
+    def __init__(self, slot, value=1.0):
+        self.slot, self.value, self.calls = slot, value, 0
 
     def Allreduce(self, send, receive, op=None):
         receive[...] = send
         self.calls += 1
         if self.calls == 1:
-            receive[self.slot] += 1.0
+            receive[self.slot] += self.value
+
+
+def first_flags(comm):
+    """The flags of the first Allreduce that ``comm`` (a Recording) recorded: what this rank sent after its squares."""
+    return [call[1][1:].tolist() for call in comm.calls if call[0] == "Allreduce"][0]
+
+
+def sgd_step(student, clip):
+    """One SGD step (lr 100) of a bias-free Linear on inputs scaled by 1e-3 (a gradient norm near 1e-3), clipped
+    at ``clip``: (the weight before, the weight after, the gradient norm)."""
+    tt.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 3, bias=False))
+    before = model[0].weight.numpy().astype(np.float64)
+    trainer = tt.Trainer(model, tt.optim.SGD(model.parameters(), lr=100.0), nn.CrossEntropyLoss(),
+                         strategy=student.ZeRO(2, comm=SingleProcess()), grad_clip_norm=clip)
+    trainer.fit(DistributedDataLoader(TensorDataset(INPUTS * 1e-3, LABELS), batch_size=24, comm=SingleProcess()),
+                max_steps=1, progress=False)
+    return before, model[0].weight.numpy().astype(np.float64), trainer.history["grad_norm"][-1]
 
 
 @check(points=3, hint="ZeRO.take_step: check_model, reduce the buckets not yet accumulating, restore_masters and "
@@ -297,6 +320,8 @@ def test_take_step(student):
     expect_equal([r.skipped_steps for r in runs], [1, 1], "skipped_steps when another rank's loss is not finite at "
                                                           "the first step (DataParallel, ZeRO)")
     expect_equal(runs[1].strategy.nonfinite_ranks, 0, "nonfinite_ranks at the last step")
+    expect_close(runs[1].history["train_loss"], runs[0].history["train_loss"], "the train losses with a skipped "
+                 "first step (a skipped step's loss is not counted: take_step returns False)", rtol=1e-5)
     for index, (a, b) in enumerate(zip(weights(runs[0], student), weights(runs[1], student))):
         expect_close(b, a, f"parameter {index} after a skipped first step (the next step's gradients replace the "
                            f"skipped one's)", rtol=1e-5, atol=1e-6)
@@ -307,6 +332,27 @@ def test_take_step(student):
     expect_raises(FloatingPointError, lambda: raising.train_epoch(DistributedDataLoader(DATA, batch_size=8,
                                                                                          comm=SingleProcess())),
                   "on_nonfinite='raise' when another rank's loss is not finite", mentions=("1 of 1 ranks",))
+    # this rank's own non-finite loss goes into the flags, for the other ranks
+    comm = Recording()
+    run(student.ZeRO(2, comm=comm), epochs=1, data=TensorDataset(np.where(np.arange(24)[:, None] == 0, np.nan,
+                                                                          INPUTS).astype(np.float32), LABELS))
+    expect_equal(first_flags(comm), [1.0, 0.0], "the flags this rank sends when its loss is nan (loss not finite, "
+                                                "overflow)")
+    # a gradient norm that is not finite (another rank's inf) skips the step, with a reason
+    runs = [run(student.ZeRO(2, comm=OnceFlagged(0, math.inf)), epochs=1), run(DataParallel(SingleProcess()), epochs=1)]
+    expect_equal(runs[0].skipped_steps, 1, "skipped_steps when the gradient norm over the ranks is inf")
+    raising = tt.Trainer(model, tt.optim.SGD(model.parameters(), lr=0.1), nn.CrossEntropyLoss(), on_nonfinite="raise",
+                         strategy=student.ZeRO(1, comm=OnceFlagged(0, math.inf)), grad_clip_norm=1.0)
+    expect_raises(FloatingPointError, lambda: raising.train_epoch(DistributedDataLoader(DATA, batch_size=8,
+                                                                                         comm=SingleProcess())),
+                  "on_nonfinite='raise' when the gradient norm is inf", mentions=("the gradient norm is inf",))
+    # clipping: a norm equal to the maximum is left alone; above it, the gradient is scaled by max / (norm + 1e-6)
+    before, free, norm = sgd_step(student, 1e9)
+    _, at_maximum, _ = sgd_step(student, norm)
+    expect_equal(at_maximum, free, f"the weight after a step clipped at exactly its gradient norm ({norm:.6g})")
+    _, half, _ = sgd_step(student, norm / 2)
+    expect_close(half, before - (before - free) * (norm / 2) / (norm + 1e-6), "the weight after an SGD step "
+                 "clipped at half the gradient norm (scaled by max_norm / (norm + 1e-6))", rtol=1e-5, atol=0)
     # another rank's float16 overflow: every rank skips and backs off alike
     runs = [run(strategy, precision="16-mixed") for strategy in (DataParallel(SingleProcess()),
                                                                  student.ZeRO(1, comm=OnceFlagged(2)))]
@@ -314,6 +360,24 @@ def test_take_step(student):
                  "(skipped_steps, loss scale) of a 16-mixed run whose first step overflowed on another rank")
     expect_equal(runs[0]._amp.scaler.clean_steps, runs[1]._amp.scaler.clean_steps + 1,
                  "the clean steps of the scaler: one fewer than DataParallel's without the overflow")
+    # this rank's own float16 overflow (a loss scale of 2^24: gradients above 65504)
+    comm = Recording()
+    overflowing = [run(strategy, precision="16-mixed", scale=2.0**24) for strategy in (DataParallel(SingleProcess()),
+                                                                                      student.ZeRO(2, comm=comm))]
+    expect_equal(first_flags(comm), [0.0, 1.0], "the flags this rank sends when its float16 gradients overflow")
+    expect_equal([(r.skipped_steps, r._amp.scaler.scale) for r in overflowing][::-1],
+                 [(r.skipped_steps, r._amp.scaler.scale) for r in overflowing],
+                 "(skipped_steps, loss scale) of a 16-mixed run that overflows: ZeRO's, then DataParallel's")
+    # a weight outside the optimizer gets its float32 master back at every step (restore_masters)
+    tt.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 3))
+    frozen = model[0].weight.numpy()
+    trainer = tt.Trainer(model, tt.optim.AdamW(model[2].parameters(), lr=0.05), nn.CrossEntropyLoss(),
+                         strategy=student.ZeRO(2, comm=SingleProcess()), precision="16-mixed")
+    trainer.fit(DistributedDataLoader(DATA, batch_size=8, comm=SingleProcess()), max_steps=2, progress=False)
+    expect_equal(model[0].weight.dtype, np.dtype(np.float32), "the dtype of a weight outside the optimizer after two "
+                                                              "16-mixed steps (its float32 master is restored)")
+    expect_equal(model[0].weight.numpy(), frozen, "a weight outside the optimizer after two 16-mixed steps")
     scaled = run(student.ZeRO(2, comm=SingleProcess()), precision="16-mixed")
     expect_close(scaled.history["train_loss"], runs[0].history["train_loss"], "16-mixed losses of ZeRO-2 (the "
                  "masters' gradients unscaled) and of DataParallel", rtol=1e-2)
