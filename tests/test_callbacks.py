@@ -286,3 +286,26 @@ def test_early_stopping_state_survives_a_resume_in_the_checkpoint_of_that_epoch(
 def test_bad_early_stopping_settings(kwargs, match: str) -> None:
     with pytest.raises(ValueError, match=match):
         EarlyStopping(**kwargs)
+
+
+def test_on_a_rank_that_does_not_write_it_only_takes_part_in_saving(tmp_path: Path) -> None:
+    """Every rank's ModelCheckpoint calls save_checkpoint (a collective under ZeRO); only the writer makes,
+    copies and prunes files, so no rank races the writer for best.pkl."""
+    from tinytrain.distributed import DataParallel, SingleProcess
+
+    class OtherRank(SingleProcess):
+        def Get_rank(self):
+            return 1
+
+    trainer = make_trainer()
+    trainer.strategy = DataParallel(OtherRank())  # a rank that is not the writer, without the setup broadcast
+    trainer._plugins = [trainer.strategy]
+    saves = []
+    trainer.save_checkpoint = lambda path: saves.append(Path(path).name)
+    (tmp_path / "epoch-0001.pkl").write_bytes(b"the writer's file")  # keep_last=1: the writer would prune it
+    saver = ModelCheckpoint(tmp_path, keep_last=1, monitor="eval_loss")
+    trainer.fit(*loaders(), epochs=2, callbacks=[Scripted("eval_loss", [2.0, 1.0]), saver], progress=False)
+    assert trainer.is_writer is False
+    assert saves == ["epoch-0001.pkl", "epoch-0002.pkl"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["epoch-0001.pkl"]  # nothing copied, pruned or made
+    assert (saver.best, saver.best_epoch) == (1.0, 2)  # it tracks the best like the writer, to agree with it

@@ -76,11 +76,71 @@ def test_ranks_share_the_windows_of_a_token_stream_each_epoch():
         assert set(starts[0]) | set(starts[1]) == set(range(97))
 
 
-def test_loader_state_refuses_another_world_size():
+def _served(loaders, batches=None):
+    """The sample ids (labels) the loaders serve in lockstep, ``batches`` batches each (all: the epoch)."""
+    served = []
+    for loader in loaders:
+        iterator = iter(loader)
+        for _, labels in (iterator if batches is None else (next(iterator) for _ in range(batches))):
+            served += labels.numpy().tolist()
+    return served
+
+
+def _ranks(world_size, dataset, **options):
+    return [DistributedDataLoader(dataset, comm=FakeRank(rank, world_size), **options) for rank in range(world_size)]
+
+
+@pytest.mark.parametrize("saved, resumed", [(2, 1), (2, 3), (1, 4), (3, 3)])
+def test_a_loader_resumed_mid_epoch_on_other_ranks_serves_the_rest_of_the_epoch(saved, resumed):
+    dataset = TensorDataset(np.arange(40, dtype=np.float32)[:, None], np.arange(40))
+    options = dict(batch_size=3, shuffle=True, seed=7)
+    before = _ranks(saved, dataset, **options)
+    served = _served(before, batches=2)
+    states = [loader.state_dict() for loader in before]
+    after = _ranks(resumed, dataset, **options)
+    for loader in after:
+        loader.load_state_dict(states[0])
+    rest = _served(after)
+    order = DataLoader(dataset, batch_size=40, shuffle=True, seed=7)._epoch_order()
+    consumed = 2 * 3 * saved
+    assert sorted(served) == sorted(order[:consumed].tolist())  # the saving ranks took the front of the order
+    if saved == resumed:  # exactly where it stood: the rest of the epoch's padded order
+        expected = np.resize(order, -(-40 // saved) * saved)[consumed:]
+    else:  # the new ranks share out the rest of the order, padded (by wrapping it) to equal shards
+        expected = np.resize(order[consumed:], -(-(40 - consumed) // resumed) * resumed)
+    assert sorted(rest) == sorted(expected.tolist())
+    if saved == resumed:
+        assert [s["offset"] for s in states] == [0] * saved
+    next_epoch = _served(after)  # then whole epochs again, sharded over the new ranks
+    assert sorted(set(next_epoch)) == list(range(40)) and all(loader.epoch == 2 for loader in after)
+
+
+def test_a_loader_resumed_twice_on_other_ranks_still_serves_each_sample_once():
+    dataset = TensorDataset(np.arange(30, dtype=np.float32)[:, None], np.arange(30))
+    options = dict(batch_size=2, shuffle=True, seed=1)
+    first = _ranks(2, dataset, **options)
+    served = _served(first, batches=2)  # 8 samples
+    second = _ranks(3, dataset, **options)
+    for loader in second:
+        loader.load_state_dict(first[0].state_dict())
+    served += _served(second, batches=1)  # 6 more
+    assert second[0].state_dict()["offset"] == 8
+    third = _ranks(1, dataset, **options)
+    third[0].load_state_dict(second[1].state_dict())
+    served += _served(third)
+    assert sorted(served) == list(range(30))
+
+
+def test_a_loader_state_with_a_bad_world_size_or_offset_changes_nothing():
     data = TensorDataset(X, Y)
-    state = DistributedDataLoader(data, batch_size=8, comm=FakeRank(0, 2)).state_dict()
-    with pytest.raises(ValueError, match="world_size=2 but this run has world_size=4"):
-        DistributedDataLoader(data, batch_size=8, comm=FakeRank(0, 4)).load_state_dict(state)
+    loader = DistributedDataLoader(data, batch_size=8, comm=FakeRank(0, 2))
+    good = loader.state_dict()
+    for bad, message in (({"world_size": 0}, "world_size must be"), ({"offset": -1}, "offset must be"),
+                         ({"world_size": 4, "position": 9}, "288 samples of the epoch served by 4 ranks"),
+                         ({"world_size": 4, "batch_size": 5}, "batch_size=5")):
+        with pytest.raises((ValueError, TypeError), match=message):
+            loader.load_state_dict({**good, **bad})
+        assert loader.state_dict() == good
 
 
 def test_average_gradients_is_one_allreduce_and_keeps_dtypes():

@@ -211,6 +211,20 @@ def test_resolve_module() -> None:
         inventory.resolve_module("99", ROOT)
 
 
+def test_module_numbers_may_have_gaps(tmp_path: Path) -> None:
+    """Modules are found by their names, not counted: 01 and 03 without a 02 (as 15 and 18 while 16 and 17 are
+    being written)."""
+    for name in ("01_first", "03_third"):
+        (tmp_path / "modules" / name).mkdir(parents=True)
+        (tmp_path / "modules" / name / f"{name}.py").write_text("")
+    empty_package = tmp_path / "package"
+    empty_package.mkdir()
+    assert inventory.known_modules(tmp_path, empty_package) == ["01_first", "03_third"]
+    assert inventory.resolve_module("3", tmp_path, empty_package) == "03_third"
+    with pytest.raises(inventory.UnknownModule, match="unknown module '2'; the modules are: 01_first, 03_third"):
+        inventory.resolve_module("2", tmp_path, empty_package)
+
+
 def test_check_decorator_validates() -> None:
     with pytest.raises(ValueError):
         checks.check(points=0, hint="x")

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from tinytrain.serialization import read_checkpoint
+from tinytrain.testing.ranks import find_mpirun
 
 ROOT = Path(__file__).resolve().parents[1]
 MLP = ROOT / "milestones" / "mlp.py"
@@ -104,10 +105,39 @@ def test_bad_config_files_are_named(tmp_path: Path, config_text: str, message: s
 
 
 def test_bad_settings_are_rejected_before_training(tmp_path: Path) -> None:
-    result = run_mlp("--dataset", "imagenet", "--batch-size", "0", "--out", str(tmp_path / "x"))
+    result = run_mlp("--dataset", "imagenet", "--batch-size", "0", "--strategy", "zero4", "--out", str(tmp_path / "x"))
     assert result.returncode != 0
     assert "imagenet" in result.stderr and "batch_size must be >= 1, got 0" in result.stderr
+    assert "strategy must be one of ddp, zero1, zero2, zero3, zero1_offload" in result.stderr
+    assert "got 'zero4'" in result.stderr
     assert not (tmp_path / "x").exists()
+
+
+@pytest.mark.skipif(find_mpirun() is None, reason="needs mpi4py and mpirun (pip install mpi4py mpich)")
+def test_zero_in_two_mpi_ranks_takes_data_parallels_steps_and_resumes_on_one_process(tmp_path: Path) -> None:
+    """--strategy zero2 (a distributed run without --distributed) ends with DataParallel's weights; its checkpoint
+    resumes in a plain process (--strategy ddp without --distributed), which trains on; GPT runs under zero3."""
+    def mpi(world_size: int, script: Path, *options: str) -> subprocess.CompletedProcess:
+        return subprocess.run([find_mpirun(), "-n", str(world_size), sys.executable, str(script), *options],
+                              capture_output=True, text=True, timeout=300)
+
+    options = ("--epochs", "3", "--warmup", "1")
+    ddp = mpi(2, MLP, *options, "--distributed", "--out", str(tmp_path / "ddp"))
+    zero = mpi(2, MLP, *options, "--strategy", "zero2", "--out", str(tmp_path / "zero"), "--stop-after", "2")
+    assert ddp.returncode in (0, 1) and zero.returncode == 0, ddp.stderr[-3000:] + zero.stderr[-3000:]
+    zero = mpi(2, MLP, "--resume", "--out", str(tmp_path / "zero"))
+    assert zero.returncode in (0, 1) and "resumed from" in zero.stdout, zero.stderr[-3000:]
+    a, b = final_weights(tmp_path / "ddp"), final_weights(tmp_path / "zero")
+    for name in a:
+        np.testing.assert_allclose(b[name], a[name], rtol=1e-5, atol=1e-6, err_msg=name)
+    plain = run_mlp("--resume", "--strategy", "ddp", "--epochs", "4", "--out", str(tmp_path / "zero"))
+    assert plain.returncode in (0, 1) and "resumed from" in plain.stdout, plain.stderr[-3000:]
+    assert json.loads((tmp_path / "zero" / "result.json").read_text())["epochs_done"] == 4
+    gpt = mpi(2, ROOT / "milestones" / "gpt.py", "--strategy", "zero3", "--steps", "4", "--warmup", "1",
+              "--eval-every", "2", "--eval-batches", "1", "--n-layer", "1", "--n-embd", "16", "--n-head", "2",
+              "--context", "8", "--sample-length", "5", "--out", str(tmp_path / "gpt"))
+    assert gpt.returncode in (0, 1) and "validation loss" in gpt.stdout, gpt.stderr[-3000:]
+    assert json.loads((tmp_path / "gpt" / "result.json").read_text())["steps_done"] == 4
 
 
 def test_a_failed_milestone_names_the_exported_modules_a_wrong_result_may_come_from(monkeypatch, capsys,

@@ -132,6 +132,12 @@ class MixedPrecision:
     puts the masters back, unscales the gradients into float32 and returns
     whether the step may be taken (no overflow). A step whose batches did not
     go through :meth:`forward_loss` would be a silent float32 step: it raises.
+
+    A strategy that keeps the float32 masters itself (Module 18's ``ZeRO``, whose
+    optimizer steps float32 shards while the model holds ``compute_dtype`` copies)
+    takes the step without :meth:`before_step`; it uses the parts: ``compute_dtype``,
+    :meth:`restore_masters`, ``scaler`` (to unscale its own gradients) and
+    :meth:`update_scale` with the overflow verdict of all ranks.
     """
 
     name = "precision"
@@ -172,6 +178,14 @@ class MixedPrecision:
 
     def before_step(self, parameters: list[Tensor], loss: float) -> bool:
         """Masters back, gradients unscaled into float32; False (skip) on overflow."""
+        self.restore_masters()
+        found_inf = self.scaler.unscale_(parameters)
+        self.update_scale(found_inf)
+        return not found_inf
+
+    def restore_masters(self) -> None:
+        """Put the float32 masters back into the parameters that :meth:`forward_loss` gave float16
+        copies; a step none of whose batches went through :meth:`forward_loss` raises."""
         if self._masters is None:
             raise RuntimeError(
                 "precision='16-mixed': no batch of this step was computed in float16. The Trainer's "
@@ -179,7 +193,10 @@ class MixedPrecision:
                 "where mixed precision casts the weights and inputs; this one computed the loss another way"
             )
         self._to_master()
-        found_inf = self.scaler.unscale_(parameters)
+
+    def update_scale(self, found_inf: bool) -> None:
+        """The scaler's update after a step whose gradients overflowed (``found_inf``) or not; a scale
+        that fell below ``MIN_LOSS_SCALE`` stops the run with ``FloatingPointError``."""
         self.scaler.update(found_inf)
         if self.scaler.scale < MIN_LOSS_SCALE:
             raise FloatingPointError(
@@ -187,7 +204,6 @@ class MixedPrecision:
                 f"{self.scaler.skipped_steps} skipped steps: the gradients are inf or nan at any scale, so "
                 "the model itself overflows (lower the learning rate, clip the gradients, or check the data)"
             )
-        return not found_inf
 
     def state_dict(self) -> dict:
         return {"precision": self.precision, "scaler": self.scaler.state_dict()}

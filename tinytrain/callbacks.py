@@ -81,6 +81,9 @@ class ModelCheckpoint(Callback):
     (``s3://bucket/run``, ``memory://run``; needs ``pip install tinytrain[fsspec]``),
     every file written is copied there and every file deleted is deleted there.
     An upload that fails is reported with a warning; training goes on.
+    In a distributed run every rank may have one: all of them call
+    ``trainer.save_checkpoint`` (Module 18's ZeRO gathers the state from every rank
+    there), and only the writer rank (``trainer.is_writer``) copies, prunes and uploads.
     """
 
     _DIGITS = {"epoch": 4, "step": 7}  # zero-padded, so the file names sort in order
@@ -111,6 +114,8 @@ class ModelCheckpoint(Callback):
             self._remote = (filesystem, root.rstrip("/"))
 
     def on_fit_begin(self, trainer: Any) -> None:
+        if not getattr(trainer, "is_writer", True):
+            return
         self.directory.mkdir(parents=True, exist_ok=True)
         if self._remote is not None:
             filesystem, root = self._remote
@@ -129,6 +134,9 @@ class ModelCheckpoint(Callback):
         # epoch file is complete resumes from the previous one and redoes all three; one killed before
         # the pruning prunes when it resumes (on_fit_begin)
         path = self.directory / self._name(getattr(trainer, self.unit))
+        if not getattr(trainer, "is_writer", True):  # it takes part in saving (a collective under ZeRO), no more
+            trainer.save_checkpoint(path)
+            return
         if self._improved:
             best = self.directory / "best.pkl"
             trainer.save_checkpoint(best)

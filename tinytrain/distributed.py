@@ -9,13 +9,18 @@ every rank draws identically); :class:`DataParallel`, given to
 every optimizer step, replaces each gradient by its average over the ranks (one
 all-reduce of all gradients at once), so the ranks' weights stay identical.
 Only rank 0 writes checkpoints. Run with ``mpirun -n P python script.py``.
+Module 18's sharded strategy, :class:`~tinytrain.sharding.ZeRO`, is reachable from
+here too (``tinytrain.distributed.ZeRO``), and :func:`strategy_from_name` turns a
+command line's ``"ddp"`` or ``"zero2"`` into a strategy.
 """
 import math
 from typing import Any
 
 import numpy as np
 
+from tinytrain.arguments import check_int
 from tinytrain.data import DataLoader
+from tinytrain.runtime.mpi import broadcast, communicator, world
 from tinytrain.tensor import Tensor
 
 
@@ -30,7 +35,12 @@ def shard_indices(order: np.ndarray, rank: int, world_size: int) -> np.ndarray:
 
 
 class SingleProcess:
-    """A one-rank stand-in for an MPI communicator (for running without mpirun)."""
+    """A one-rank stand-in for an MPI communicator (for running without mpirun).
+
+    It has the collectives of mpi4py's buffer interface that tinytrain uses, each
+    what it is on one rank: every reduction, gather and scatter hands the rank its
+    own buffer. (``world()``, mpi4py's ``COMM_WORLD``, is the real thing.)
+    """
 
     def Get_rank(self) -> int:
         return 0
@@ -41,25 +51,23 @@ class SingleProcess:
     def Allreduce(self, send: Any, receive: Any, op: Any = None) -> None:
         receive[...] = send
 
+    def Reduce_scatter_block(self, send: Any, receive: Any, op: Any = None) -> None:
+        receive[...] = send
+
+    def Allgather(self, send: Any, receive: Any) -> None:
+        receive[...] = send
+
+    def Gather(self, send: Any, receive: Any, root: int = 0) -> None:
+        receive[...] = send
+
     def Bcast(self, buffer: Any, root: int = 0) -> None:
         pass
 
     def bcast(self, value: Any, root: int = 0) -> Any:
         return value
 
-
-def world() -> Any:
-    """``mpi4py``'s ``COMM_WORLD``, or a clear error when mpi4py is missing."""
-    try:
-        from mpi4py import MPI
-    except ImportError as error:
-        raise ImportError("data-parallel training needs mpi4py and an MPI runtime: "
-                          "pip install mpi4py mpich   (then run with: mpirun -n 2 python script.py)") from error
-    return MPI.COMM_WORLD
-
-
-def _communicator(comm: Any) -> Any:
-    return world() if comm is None else comm
+    def Barrier(self) -> None:
+        pass
 
 
 class DistributedDataLoader(DataLoader):
@@ -68,12 +76,23 @@ class DistributedDataLoader(DataLoader):
     All ranks draw the same epoch order (the seed is rank 0's, sent to all) and
     each keeps :func:`shard_indices` of it; ``batch_size`` is per rank.
     ``len(loader)`` is the same on every rank.
+
+    Its state adds ``world_size`` and ``offset``: the samples at the front of the
+    epoch's order that ranks served before the ones ``position`` counts (0, unless
+    the run resumed mid-epoch on another number of ranks). A state loads at any
+    world size. With the same one the loader continues exactly where it stood.
+    With another, the ``P`` ranks that saved it had served the first ``offset +
+    position * batch_size * P`` samples of the epoch's order (rank ``r``'s ``i``-th
+    sample is ``order[offset + i * P + r]``); the new ranks share out the rest of
+    that epoch, then the next epochs as usual. ``batch_size`` stays per rank, so
+    the global batch, and the number of steps per epoch, change with the ranks.
     """
 
     def __init__(self, dataset: Any, batch_size: int = 1, shuffle: bool = False, drop_last: bool = False,
                  seed: int | None = None, device: Any = None, comm: Any = None) -> None:
-        comm = _communicator(comm)
+        comm = communicator(comm)
         self.rank, self.world_size = comm.Get_rank(), comm.Get_size()
+        self._offset = 0  # samples of this epoch's order served before `position` counts (see the docstring)
         super().__init__(dataset, batch_size=batch_size, shuffle=shuffle, drop_last=drop_last, seed=seed,
                          device=device)
         if self.shuffle:
@@ -86,16 +105,33 @@ class DistributedDataLoader(DataLoader):
         return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
 
     def _epoch_order(self) -> np.ndarray:
-        return shard_indices(super()._epoch_order(), self.rank, self.world_size)
+        return shard_indices(super()._epoch_order()[self._offset:], self.rank, self.world_size)
+
+    def _finish_epoch(self) -> None:
+        super()._finish_epoch()
+        self._offset = 0
 
     def state_dict(self) -> dict:
-        return {**super().state_dict(), "world_size": self.world_size}
+        return {**super().state_dict(), "world_size": self.world_size, "offset": self._offset}
 
     def load_state_dict(self, state: dict) -> None:
-        if state.get("world_size", self.world_size) != self.world_size:
-            raise ValueError(f"loader state was saved with world_size={state['world_size']} but this run has "
-                             f"world_size={self.world_size}; resume with the same number of ranks")
-        super().load_state_dict({**state, "world_size": self.world_size})
+        """Continue from ``state``, saved at this or any other world size (see the class docstring).
+
+        Raises ``ValueError`` (or ``TypeError``) for a bad ``world_size`` or ``offset``, for
+        a state whose served samples do not fit in the dataset, and for whatever
+        :meth:`DataLoader.load_state_dict` refuses; a failed load changes nothing.
+        """
+        saved = check_int("the loader state's world_size", state.get("world_size", self.world_size), minimum=1)
+        offset = check_int("the loader state's offset", state.get("offset", 0), minimum=0)
+        if saved != self.world_size:  # the saving ranks' batches so far become the offset; the rest is shared out
+            position = check_int("the loader state's position", state.get("position"), minimum=0)
+            offset += position * self.batch_size * saved  # a state of another batch size fails below
+            state = {**state, "position": 0}
+        if offset and offset >= len(self.dataset):
+            raise ValueError(f"loader state: {offset} samples of the epoch served by {saved} ranks, but the dataset "
+                             f"has {len(self.dataset)}")
+        super().load_state_dict(state)
+        self._offset = offset
 
 
 # student: Module 13
@@ -108,7 +144,7 @@ def average_gradients(parameters: list[Tensor], comm: Any, extra: float = 0.0) -
     whose ``.grad`` is ``None`` is left out of the buffer and keeps ``None`` (the same
     backward gives every rank gradients for the same parameters). MPI reads host memory:
     a gradient on a device goes into the buffer through ``backend.to_host`` and comes
-    back through ``backend.from_host``, as ``DataParallel.broadcast`` does below."""
+    back through ``backend.from_host``, as ``broadcast`` (in ``tinytrain/runtime/mpi.py``) does for ``DataParallel``."""
     grads = [p.grad for p in parameters if p.grad is not None]
     sizes = [g.size for g in grads]
     send = np.empty(sum(sizes) + 1, dtype=np.float32)
@@ -141,7 +177,7 @@ class DataParallel:
     name = "strategy"
 
     def __init__(self, comm: Any = None) -> None:
-        self.comm = _communicator(comm)
+        self.comm = communicator(comm)
         self.rank, self.world_size = self.comm.Get_rank(), self.comm.Get_size()
         self.is_writer = self.rank == 0
         self.nonfinite_ranks = 0  # at the last step: the Trainer skips (or raises) on every rank alike
@@ -151,11 +187,7 @@ class DataParallel:
 
     def broadcast(self, model: Any) -> None:
         """Give every rank rank 0's parameters and buffers (in place)."""
-        tensors = list(model.parameters()) + [b for b in model.buffers() if b is not None]
-        for t in tensors:
-            host = np.ascontiguousarray(t._backend.to_host(t.data))
-            self.comm.Bcast(host, root=0)
-            t.data[...] = t._backend.from_host(host)
+        broadcast(list(model.parameters()) + [b for b in model.buffers() if b is not None], self.comm)
 
     def before_step(self, parameters: list[Tensor], loss: float) -> bool:
         self.nonfinite_ranks = round(average_gradients(parameters, self.comm, 0.0 if math.isfinite(loss) else 1.0))
@@ -166,3 +198,33 @@ class DataParallel:
 
     def load_state_dict(self, state: dict) -> None:
         pass
+
+
+STRATEGIES = ("ddp", "zero1", "zero2", "zero3", "zero1_offload", "zero2_offload", "zero3_offload")
+
+
+def strategy_from_name(name: str, comm: Any = None) -> Any:
+    """The Trainer strategy that a command line names, on ``comm`` (``world()`` by default).
+
+    ``"ddp"`` is :class:`DataParallel`; ``"zero1"``, ``"zero2"`` and ``"zero3"`` are Module
+    18's ``ZeRO`` at that stage, and the suffix ``"_offload"`` keeps its optimizer in host
+    memory (``offload="cpu"``), as in Lightning's ``"deepspeed_stage_2_offload"``. Any other
+    name raises ``ValueError`` listing these.
+    """
+    if name == "ddp":
+        return DataParallel(comm)
+    if name not in STRATEGIES:
+        raise ValueError(f"unknown strategy {name!r}; choose one of {', '.join(STRATEGIES)}")
+    from tinytrain.sharding import ZeRO  # Module 18 builds on this file, so it is imported when asked for
+
+    stage, _, offload = name.removeprefix("zero").partition("_")
+    return ZeRO(stage=int(stage), offload="cpu" if offload else None, comm=comm)
+
+
+def __getattr__(name: str) -> Any:
+    """``tinytrain.distributed.ZeRO``: Module 18's sharded strategy, which lives in
+    :mod:`tinytrain.sharding` (it builds on this file, so it is imported when first asked for)."""
+    if name == "ZeRO":
+        from tinytrain.sharding import ZeRO
+        return ZeRO
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

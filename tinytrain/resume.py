@@ -29,16 +29,24 @@ class Resumable:
         position and generator of the train and validation loaders, and the random
         states of Python, NumPy and every tinytrain device. With a data-parallel
         ``strategy``, only the writer rank (0) writes.
+
+        A strategy with ``gather_state()`` (Module 18's ZeRO, whose ranks each hold a
+        share of the model and the optimizer) gathers the complete model and optimizer
+        states to the writer; that is a collective, so every rank must call
+        ``save_checkpoint``, and the file is the one a single process writes.
         """
-        if not all(getattr(plugin, "is_writer", True) for plugin in self._plugins):
+        gather = getattr(self.strategy, "gather_state", None)
+        gathered = gather() if gather is not None else None  # on every rank: the states on the writer only
+        if not self.is_writer:
             return
+        model_state, optimizer_state = gathered or (_model_state(self.model), _optimizer_state(self.optimizer))
         write_checkpoint(path, {
             "epoch": self.epoch,
             "step": self.step,
             "skipped_steps": self.skipped_steps,
-            "model": _model_state(self.model),
+            "model": model_state,
             "modes": [module.training for module in self.model.modules()],
-            "optimizer": _optimizer_state(self.optimizer),
+            "optimizer": optimizer_state,
             "scheduler": None if self.scheduler is None else self.scheduler.state_dict(),
             "history": self.history,
             "loaders": {role: loader.state_dict() for role, loader in self._loaders.items()
@@ -86,19 +94,33 @@ class Resumable:
             self._apply_state(before)
             raise
 
+    @property
+    def is_writer(self) -> bool:
+        """Whether this process writes checkpoints: always, but in a distributed run only rank 0."""
+        return all(getattr(plugin, "is_writer", True) for plugin in self._plugins)
+
     def _apply_state(self, state: dict[str, Any]) -> None:
         """Put a checked checkpoint state (or :meth:`load_checkpoint`'s snapshot) in place; the parts
         that can fail first, the random states last. The arrays of a state just read from a file (or of the
-        snapshot) belong to nothing else: the model and a tinytrain optimizer take them as they are."""
-        if _adoptable(self.model, state["model"]):
-            for name, tensor in _model_state(self.model).items():
-                tensor.data = state["model"][name]
+        snapshot) belong to nothing else: the model and a tinytrain optimizer take them as they are.
+
+        A strategy with ``scatter_state(model_state, optimizer_state)`` (Module 18's ZeRO)
+        loads those two itself: each rank keeps its share of a checkpoint's complete
+        states, which any number of ranks may have saved (or restores its own snapshot).
+        """
+        scatter = getattr(self.strategy, "scatter_state", None)
+        if scatter is not None:
+            scatter(state["model"], state["optimizer"])
         else:
-            self.model.load_state_dict(state["model"])
-        if isinstance(self.optimizer, Optimizer):
-            self.optimizer.load_state_dict(state["optimizer"], copy=False)
-        else:
-            self.optimizer.load_state_dict(state["optimizer"])
+            if _adoptable(self.model, state["model"]):
+                for name, tensor in _model_state(self.model).items():
+                    tensor.data = state["model"][name]
+            else:
+                self.model.load_state_dict(state["model"])
+            if isinstance(self.optimizer, Optimizer):
+                self.optimizer.load_state_dict(state["optimizer"], copy=False)
+            else:
+                self.optimizer.load_state_dict(state["optimizer"])
         if self.scheduler is not None and state.get("scheduler") is not None:
             self.scheduler.load_state_dict(state["scheduler"])
         for plugin in self._plugins:

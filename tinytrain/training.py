@@ -197,7 +197,9 @@ class Trainer(Resumable):
     and checked, only when clipping; without it the loss is checked).
     ``precision``: ``"32-true"``, or ``"16-mixed"`` for float16 compute with float32
     master weights and dynamic loss scaling (Module 13, :mod:`tinytrain.amp`).
-    ``strategy``: ``tinytrain.distributed.DataParallel()`` for data parallelism over MPI.
+    ``strategy``: ``tinytrain.distributed.DataParallel()`` for data parallelism over MPI
+    (Module 13), ``tinytrain.distributed.ZeRO(stage)`` to shard the optimizer, gradients and
+    parameters over the ranks too (Module 18).
     ``loss_fn`` returns the batch's mean loss, unless its ``reduction`` attribute (or
     the ``reduction=`` that ``functools.partial`` binds) says ``"sum"`` or ``"none"``.
 
@@ -266,23 +268,38 @@ class Trainer(Resumable):
 
         Given. Module 13's plugins go first: mixed precision unscales the float16
         gradients, data parallelism averages them over the ranks, and either may
-        veto the step. A non-finite loss (on this rank or another) is handled by
-        :meth:`_skip` like any other, so ``on_nonfinite="raise"`` raises; a float16
-        overflow of finite losses is part of loss scaling and is only counted.
-        Then :meth:`_clip_and_step`.
+        veto the step (:meth:`_plugins_allow`). Then :meth:`_clip_and_step`.
+        A strategy with a ``take_step`` method (Module 18's ZeRO, which holds 1/P of
+        every gradient and of the optimizer, so that only all ranks together know the
+        gradient norm) takes the whole step itself, by the same rules.
         """
+        take_step = getattr(self.strategy, "take_step", None)
+        if take_step is not None:
+            return take_step(self, parameters, loss, norms)
         if self._plugins:
             allowed = [plugin.before_step(parameters, loss) for plugin in self._plugins]  # all: collective calls
-            bad_ranks = getattr(self.strategy, "nonfinite_ranks", 0)
-            if bad_ranks:  # every rank decides alike, so none waits for the others at the next step
-                return self._skip(f"the loss is not finite on {bad_ranks} of {self.strategy.world_size} ranks "
-                                  f"(this rank's: {loss})")
-            if not math.isfinite(loss):
-                return self._skip(f"the loss is {loss}")
-            if not all(allowed):  # a float16 overflow: the loss scale backs off, this step is dropped
-                self.skipped_steps += 1
+            if not self._plugins_allow(loss, getattr(self.strategy, "nonfinite_ranks", 0), all(allowed)):
                 return False
         return self._clip_and_step(parameters, loss, norms)
+
+    def _plugins_allow(self, loss: float, bad_ranks: int, allowed: bool) -> bool:
+        """Whether a step may go on once the plugins have done their work; if not, it is skipped.
+
+        Given. ``bad_ranks`` ranks (this one included) had a non-finite loss; ``allowed``
+        is false when the float16 gradients overflowed. A non-finite loss (on this
+        rank or another) is handled by :meth:`_skip` like any other, so
+        ``on_nonfinite="raise"`` raises; a float16 overflow of finite losses is part of
+        loss scaling and is only counted.
+        """
+        if bad_ranks:  # every rank decides alike, so none waits for the others at the next step
+            return self._skip(f"the loss is not finite on {bad_ranks} of {self.strategy.world_size} ranks "
+                              f"(this rank's: {loss})")
+        if not math.isfinite(loss):
+            return self._skip(f"the loss is {loss}")
+        if not allowed:  # a float16 overflow: the loss scale backs off, this step is dropped
+            self.skipped_steps += 1
+            return False
+        return True
 
     # student: Module 09
     def _clip_and_step(self, parameters: list[Tensor], loss: float, norms: list[float]) -> bool:

@@ -469,6 +469,12 @@ class MixedPrecision:
     puts the masters back, unscales the gradients into float32 and returns
     whether the step may be taken (no overflow). A step whose batches did not
     go through :meth:`forward_loss` would be a silent float32 step: it raises.
+
+    A strategy that keeps the float32 masters itself (Module 18's ``ZeRO``, whose
+    optimizer steps float32 shards while the model holds ``compute_dtype`` copies)
+    takes the step without :meth:`before_step`; it uses the parts: ``compute_dtype``,
+    :meth:`restore_masters`, ``scaler`` (to unscale its own gradients) and
+    :meth:`update_scale` with the overflow verdict of all ranks.
     """
 
     name = "precision"
@@ -509,6 +515,14 @@ class MixedPrecision:
 
     def before_step(self, parameters: list[Tensor], loss: float) -> bool:
         """Masters back, gradients unscaled into float32; False (skip) on overflow."""
+        self.restore_masters()
+        found_inf = self.scaler.unscale_(parameters)
+        self.update_scale(found_inf)
+        return not found_inf
+
+    def restore_masters(self) -> None:
+        """Put the float32 masters back into the parameters that :meth:`forward_loss` gave float16
+        copies; a step none of whose batches went through :meth:`forward_loss` raises."""
         if self._masters is None:
             raise RuntimeError(
                 "precision='16-mixed': no batch of this step was computed in float16. The Trainer's "
@@ -516,7 +530,10 @@ class MixedPrecision:
                 "where mixed precision casts the weights and inputs; this one computed the loss another way"
             )
         self._to_master()
-        found_inf = self.scaler.unscale_(parameters)
+
+    def update_scale(self, found_inf: bool) -> None:
+        """The scaler's update after a step whose gradients overflowed (``found_inf``) or not; a scale
+        that fell below ``MIN_LOSS_SCALE`` stops the run with ``FloatingPointError``."""
         self.scaler.update(found_inf)
         if self.scaler.scale < MIN_LOSS_SCALE:
             raise FloatingPointError(
@@ -524,7 +541,6 @@ class MixedPrecision:
                 f"{self.scaler.skipped_steps} skipped steps: the gradients are inf or nan at any scale, so "
                 "the model itself overflows (lower the learning rate, clip the gradients, or check the data)"
             )
-        return not found_inf
 
     def state_dict(self) -> dict:
         return {"precision": self.precision, "scaler": self.scaler.state_dict()}
@@ -622,13 +638,18 @@ every rank draws identically); :class:`DataParallel`, given to
 every optimizer step, replaces each gradient by its average over the ranks (one
 all-reduce of all gradients at once), so the ranks' weights stay identical.
 Only rank 0 writes checkpoints. Run with ``mpirun -n P python script.py``.
+Module 18's sharded strategy, :class:`~tinytrain.sharding.ZeRO`, is reachable from
+here too (``tinytrain.distributed.ZeRO``), and :func:`strategy_from_name` turns a
+command line's ``"ddp"`` or ``"zero2"`` into a strategy.
 """
 import math
 from typing import Any
 
 import numpy as np
 
+from tinytrain.arguments import check_int
 from tinytrain.data import DataLoader
+from tinytrain.runtime.mpi import broadcast, communicator, world
 from tinytrain.tensor import Tensor
 
 
@@ -644,7 +665,12 @@ def shard_indices(order: np.ndarray, rank: int, world_size: int) -> np.ndarray:
 
 
 class SingleProcess:
-    """A one-rank stand-in for an MPI communicator (for running without mpirun)."""
+    """A one-rank stand-in for an MPI communicator (for running without mpirun).
+
+    It has the collectives of mpi4py's buffer interface that tinytrain uses, each
+    what it is on one rank: every reduction, gather and scatter hands the rank its
+    own buffer. (``world()``, mpi4py's ``COMM_WORLD``, is the real thing.)
+    """
 
     def Get_rank(self) -> int:
         return 0
@@ -655,25 +681,23 @@ class SingleProcess:
     def Allreduce(self, send: Any, receive: Any, op: Any = None) -> None:
         receive[...] = send
 
+    def Reduce_scatter_block(self, send: Any, receive: Any, op: Any = None) -> None:
+        receive[...] = send
+
+    def Allgather(self, send: Any, receive: Any) -> None:
+        receive[...] = send
+
+    def Gather(self, send: Any, receive: Any, root: int = 0) -> None:
+        receive[...] = send
+
     def Bcast(self, buffer: Any, root: int = 0) -> None:
         pass
 
     def bcast(self, value: Any, root: int = 0) -> Any:
         return value
 
-
-def world() -> Any:
-    """``mpi4py``'s ``COMM_WORLD``, or a clear error when mpi4py is missing."""
-    try:
-        from mpi4py import MPI
-    except ImportError as error:
-        raise ImportError("data-parallel training needs mpi4py and an MPI runtime: "
-                          "pip install mpi4py mpich   (then run with: mpirun -n 2 python script.py)") from error
-    return MPI.COMM_WORLD
-
-
-def _communicator(comm: Any) -> Any:
-    return world() if comm is None else comm
+    def Barrier(self) -> None:
+        pass
 
 
 class DistributedDataLoader(DataLoader):
@@ -682,12 +706,23 @@ class DistributedDataLoader(DataLoader):
     All ranks draw the same epoch order (the seed is rank 0's, sent to all) and
     each keeps :func:`shard_indices` of it; ``batch_size`` is per rank.
     ``len(loader)`` is the same on every rank.
+
+    Its state adds ``world_size`` and ``offset``: the samples at the front of the
+    epoch's order that ranks served before the ones ``position`` counts (0, unless
+    the run resumed mid-epoch on another number of ranks). A state loads at any
+    world size. With the same one the loader continues exactly where it stood.
+    With another, the ``P`` ranks that saved it had served the first ``offset +
+    position * batch_size * P`` samples of the epoch's order (rank ``r``'s ``i``-th
+    sample is ``order[offset + i * P + r]``); the new ranks share out the rest of
+    that epoch, then the next epochs as usual. ``batch_size`` stays per rank, so
+    the global batch, and the number of steps per epoch, change with the ranks.
     """
 
     def __init__(self, dataset: Any, batch_size: int = 1, shuffle: bool = False, drop_last: bool = False,
                  seed: int | None = None, device: Any = None, comm: Any = None) -> None:
-        comm = _communicator(comm)
+        comm = communicator(comm)
         self.rank, self.world_size = comm.Get_rank(), comm.Get_size()
+        self._offset = 0  # samples of this epoch's order served before `position` counts (see the docstring)
         super().__init__(dataset, batch_size=batch_size, shuffle=shuffle, drop_last=drop_last, seed=seed,
                          device=device)
         if self.shuffle:
@@ -700,16 +735,33 @@ class DistributedDataLoader(DataLoader):
         return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
 
     def _epoch_order(self) -> np.ndarray:
-        return shard_indices(super()._epoch_order(), self.rank, self.world_size)
+        return shard_indices(super()._epoch_order()[self._offset:], self.rank, self.world_size)
+
+    def _finish_epoch(self) -> None:
+        super()._finish_epoch()
+        self._offset = 0
 
     def state_dict(self) -> dict:
-        return {**super().state_dict(), "world_size": self.world_size}
+        return {**super().state_dict(), "world_size": self.world_size, "offset": self._offset}
 
     def load_state_dict(self, state: dict) -> None:
-        if state.get("world_size", self.world_size) != self.world_size:
-            raise ValueError(f"loader state was saved with world_size={state['world_size']} but this run has "
-                             f"world_size={self.world_size}; resume with the same number of ranks")
-        super().load_state_dict({**state, "world_size": self.world_size})
+        """Continue from ``state``, saved at this or any other world size (see the class docstring).
+
+        Raises ``ValueError`` (or ``TypeError``) for a bad ``world_size`` or ``offset``, for
+        a state whose served samples do not fit in the dataset, and for whatever
+        :meth:`DataLoader.load_state_dict` refuses; a failed load changes nothing.
+        """
+        saved = check_int("the loader state's world_size", state.get("world_size", self.world_size), minimum=1)
+        offset = check_int("the loader state's offset", state.get("offset", 0), minimum=0)
+        if saved != self.world_size:  # the saving ranks' batches so far become the offset; the rest is shared out
+            position = check_int("the loader state's position", state.get("position"), minimum=0)
+            offset += position * self.batch_size * saved  # a state of another batch size fails below
+            state = {**state, "position": 0}
+        if offset and offset >= len(self.dataset):
+            raise ValueError(f"loader state: {offset} samples of the epoch served by {saved} ranks, but the dataset "
+                             f"has {len(self.dataset)}")
+        super().load_state_dict(state)
+        self._offset = offset
 
 
 def average_gradients(parameters: list[Tensor], comm: Any, extra: float = 0.0) -> float:
@@ -721,7 +773,7 @@ def average_gradients(parameters: list[Tensor], comm: Any, extra: float = 0.0) -
     whose ``.grad`` is ``None`` is left out of the buffer and keeps ``None`` (the same
     backward gives every rank gradients for the same parameters). MPI reads host memory:
     a gradient on a device goes into the buffer through ``backend.to_host`` and comes
-    back through ``backend.from_host``, as ``DataParallel.broadcast`` does below."""
+    back through ``backend.from_host``, as ``broadcast`` (in ``tinytrain/runtime/mpi.py``) does for ``DataParallel``."""
     ### BEGIN SOLUTION
     grads = [p.grad for p in parameters if p.grad is not None]
     sizes = [g.size for g in grads]
@@ -756,7 +808,7 @@ class DataParallel:
     name = "strategy"
 
     def __init__(self, comm: Any = None) -> None:
-        self.comm = _communicator(comm)
+        self.comm = communicator(comm)
         self.rank, self.world_size = self.comm.Get_rank(), self.comm.Get_size()
         self.is_writer = self.rank == 0
         self.nonfinite_ranks = 0  # at the last step: the Trainer skips (or raises) on every rank alike
@@ -766,11 +818,7 @@ class DataParallel:
 
     def broadcast(self, model: Any) -> None:
         """Give every rank rank 0's parameters and buffers (in place)."""
-        tensors = list(model.parameters()) + [b for b in model.buffers() if b is not None]
-        for t in tensors:
-            host = np.ascontiguousarray(t._backend.to_host(t.data))
-            self.comm.Bcast(host, root=0)
-            t.data[...] = t._backend.from_host(host)
+        broadcast(list(model.parameters()) + [b for b in model.buffers() if b is not None], self.comm)
 
     def before_step(self, parameters: list[Tensor], loss: float) -> bool:
         self.nonfinite_ranks = round(average_gradients(parameters, self.comm, 0.0 if math.isfinite(loss) else 1.0))
@@ -781,6 +829,36 @@ class DataParallel:
 
     def load_state_dict(self, state: dict) -> None:
         pass
+
+
+STRATEGIES = ("ddp", "zero1", "zero2", "zero3", "zero1_offload", "zero2_offload", "zero3_offload")
+
+
+def strategy_from_name(name: str, comm: Any = None) -> Any:
+    """The Trainer strategy that a command line names, on ``comm`` (``world()`` by default).
+
+    ``"ddp"`` is :class:`DataParallel`; ``"zero1"``, ``"zero2"`` and ``"zero3"`` are Module
+    18's ``ZeRO`` at that stage, and the suffix ``"_offload"`` keeps its optimizer in host
+    memory (``offload="cpu"``), as in Lightning's ``"deepspeed_stage_2_offload"``. Any other
+    name raises ``ValueError`` listing these.
+    """
+    if name == "ddp":
+        return DataParallel(comm)
+    if name not in STRATEGIES:
+        raise ValueError(f"unknown strategy {name!r}; choose one of {', '.join(STRATEGIES)}")
+    from tinytrain.sharding import ZeRO  # Module 18 builds on this file, so it is imported when asked for
+
+    stage, _, offload = name.removeprefix("zero").partition("_")
+    return ZeRO(stage=int(stage), offload="cpu" if offload else None, comm=comm)
+
+
+def __getattr__(name: str) -> Any:
+    """``tinytrain.distributed.ZeRO``: Module 18's sharded strategy, which lives in
+    :mod:`tinytrain.sharding` (it builds on this file, so it is imported when first asked for)."""
+    if name == "ZeRO":
+        from tinytrain.sharding import ZeRO
+        return ZeRO
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 # %% check=2

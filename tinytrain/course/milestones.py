@@ -9,14 +9,15 @@ every recipe and lives here, behind two calls:
 * ``run = start(name, description, Settings(), datasets)`` reads the command
   line, the ``--config`` file and the settings of a resumed run, checks them,
   makes the output folder (``--out``, default ``runs/<name>-<dataset>``) and
-  saves the settings there, joins the MPI ranks with ``--distributed`` (only
-  rank 0 prints and writes files), and seeds every random generator;
+  saves the settings there, joins the MPI ranks with ``--distributed`` or a
+  ZeRO ``--strategy`` (only rank 0 prints and writes files), and seeds every
+  random generator;
 * ``sys.exit(run.finish(trainer, result, verdict))`` writes ``result.json`` and
   the plot of the history, prints the verdict, and gives the exit status (1
   below the pass mark).
 
 Between them a recipe uses ``run.data_loader`` and ``run.strategy`` (plain, or
-data-parallel over MPI), ``run.resume`` and ``run.until`` (``--resume`` and
+data-parallel over MPI: DataParallel or ZeRO), ``run.resume`` and ``run.until`` (``--resume`` and
 ``--stop-after``), ``run.out``, ``run.is_writer`` and :class:`PrintRow`. When
 the run fails in a student's exported code, the error names that module and how
 to put the reference back.
@@ -87,6 +88,9 @@ HELP = {
     "validation_fraction": "share of the training set held out to pick the best checkpoint",
     "device": "cpu, cuda, cuda:1, ...",
     "precision": "32-true, or 16-mixed: float16 compute, float32 master weights, dynamic loss scaling",
+    "strategy": "how the MPI ranks share the training: ddp (each holds everything; with --distributed), or ZeRO's "
+                "zero1, zero2, zero3 (sharding the optimizer state, the gradients, the weights too), with "
+                "_offload (zero2_offload) to keep the optimizer in host memory; ZeRO runs distributed",
     "out": "folder for checkpoints, log, plot and settings (default runs/<milestone>-<dataset>)",
     "data_root": "folder that already holds the dataset's standard files (no download)",
 }
@@ -188,6 +192,8 @@ def _problems(settings: Any, datasets: Sequence[str], unit: str) -> list[str]:
         problems.append(f"clip_norm must be >= 0 (0 turns clipping off), got {values['clip_norm']}")
     if "validation_fraction" in values and not 0 < values["validation_fraction"] < 1:
         problems.append(f"validation_fraction must be in (0, 1), got {values['validation_fraction']}")
+    if "strategy" in values and values["strategy"] not in tt.distributed.STRATEGIES:
+        problems.append(f"strategy must be one of {', '.join(tt.distributed.STRATEGIES)}, got {values['strategy']!r}")
     return problems
 
 
@@ -266,9 +272,9 @@ class Run:
     settings: Any  # the recipe's Settings, as resolved
     unit: str  # what the run counts: "epoch" or "step"
     out: Path
-    comm: Any  # the MPI communicator with --distributed, else None
-    # the Trainer's strategy: with --distributed, DataParallel (rank 0's weights to every rank, the gradients
-    # averaged over the ranks before each step), else None
+    comm: Any  # the MPI communicator with --distributed or a ZeRO strategy, else None
+    # the Trainer's strategy over comm: DataParallel (rank 0's weights to every rank, the gradients averaged over
+    # the ranks before each step) or ZeRO at the stage settings.strategy names (Module 18); else None
     strategy: Any
     resuming: bool  # --resume
     stop_after: int | None  # --stop-after
@@ -364,8 +370,8 @@ def start(name: str, description: str, defaults: Any, datasets: Sequence[str], u
     it counts, ``"epoch"`` or ``"step"`` (its settings then hold ``epochs`` or
     ``steps``, and ``warmup`` and ``--stop-after`` count the same). Bad settings
     end the process with a message naming them, before anything is written.
-    Then: this process's MPI rank (with ``--distributed``; other ranks print
-    nothing), the output folder with ``settings.toml`` in it, a line saying what
+    Then: this process's MPI rank (with ``--distributed``, or a ZeRO
+    ``strategy`` setting; other ranks print nothing), the output folder with ``settings.toml`` in it, a line saying what
     runs, warnings about stubs left in exported modules, and every random
     generator seeded with ``settings.seed``. From here on, an exception that
     ends the process is reported as the failure of the student's exported
@@ -378,8 +384,10 @@ def start(name: str, description: str, defaults: Any, datasets: Sequence[str], u
     problems = _problems(settings, datasets, unit)
     if problems:
         raise SystemExit("bad settings: " + "; ".join(problems))
-    comm = tt.distributed.world() if args.distributed else None
-    strategy = None if comm is None else tt.distributed.DataParallel(comm)
+    # ZeRO shares the training state among MPI ranks, so naming it means a distributed run; ddp needs --distributed
+    sharded = getattr(settings, "strategy", "ddp") != "ddp"
+    comm = tt.distributed.world() if args.distributed or sharded else None
+    strategy = None if comm is None else tt.distributed.strategy_from_name(getattr(settings, "strategy", "ddp"), comm)
     run = Run(name, settings, unit, Path(settings.out), comm, strategy, args.resume, args.stop_after)
     if not run.is_writer:
         sys.stdout = open(os.devnull, "w")  # one rank prints: they all compute the same numbers

@@ -50,6 +50,7 @@ class Settings:
     top_k: int = 40
     device: str = "cpu"
     precision: str = "32-true"  # or 16-mixed
+    strategy: str = "ddp"  # over MPI ranks: ddp with --distributed, or zero1, zero2, zero3 (Module 18), _offload
     seed: int = 0
     out: str = ""  # default runs/gpt-shakespeare
 
@@ -113,20 +114,21 @@ trainer = tt.Trainer(
     model, optimizer, language_model_loss, scheduler=schedule, scheduler_interval="step",
     grad_clip_norm=settings.clip_norm or None,  # a rare huge gradient is scaled down to this norm, not followed
     precision=settings.precision,  # 16-mixed: float16 compute, float32 master weights, dynamic loss scaling
-    strategy=run.strategy,  # --distributed: every MPI rank's gradients averaged before each step
+    strategy=run.strategy,  # over MPI: gradients averaged before each step; ZeRO shards the state among the ranks
 )
 
 # -- callbacks -------------------------------------------------------------------------------------------------------
 # After every evaluation (every eval_every steps, and at the end): a line on the screen, a row of log.csv and a
 # checkpoint -- the last one, which --resume continues from, and best.pkl, the lowest validation loss. Over MPI,
-# rank 0 alone writes them.
-# The line also shows the training's speed as nanoGPT's does: tokens a second, and MFU -- the model's FLOPs a second
-# (6 per parameter per token, and attention's: Module 16) as a share of this machine's peak, measured on a GEMM.
+# rank 0 alone writes them; the other ranks take part in each save (under ZeRO a save gathers their shards), so every
+# rank has the checkpoint callback. The line also shows the training's speed as nanoGPT's does: tokens a second, and
+# MFU -- the model's FLOPs a second (6 per parameter per token, and attention's: Module 16) as a share of this
+# machine's peak, measured on a GEMM.
 checkpoints = tt.callbacks.ModelCheckpoint(run.out / "checkpoints", keep_last=1, monitor="eval_loss", unit="step")
 tokens_per_step = settings.batch_size * settings.context * settings.accumulation_steps * run.world_size
-callbacks = [PrintRow("step", tokens_per_step=tokens_per_step, flops_per_token=tt.nn.flops_per_token(config),
-                      peak_flops=tt.profiler.peak_flops(settings.device)),
-             tt.callbacks.CSVLogger(run.out / "log.csv"), checkpoints] if run.is_writer else []
+callbacks = ([PrintRow("step", tokens_per_step=tokens_per_step, flops_per_token=tt.nn.flops_per_token(config),
+                       peak_flops=tt.profiler.peak_flops(settings.device)),
+              tt.callbacks.CSVLogger(run.out / "log.csv")] if run.is_writer else []) + [checkpoints]
 
 # -- training --------------------------------------------------------------------------------------------------------
 # --resume loads the last checkpoint: weights, optimizer, schedule, the loader's place and every random generator,

@@ -40,6 +40,7 @@ class Settings:
     validation_fraction: float = 0.1
     device: str = "cpu"
     precision: str = "32-true"  # or 16-mixed
+    strategy: str = "ddp"  # over MPI ranks: ddp with --distributed, or zero1, zero2, zero3 (Module 18), _offload
     seed: int = 0
     out: str = ""  # default runs/mlp-<dataset>
     data_root: str = ""  # a folder with the dataset's files: no download
@@ -92,14 +93,15 @@ trainer = tt.Trainer(
     model, optimizer, tt.nn.CrossEntropyLoss(), scheduler=schedule,
     grad_clip_norm=settings.clip_norm or None,  # a rare huge gradient is scaled down to this norm, not followed
     precision=settings.precision,  # 16-mixed: float16 compute, float32 master weights, dynamic loss scaling
-    strategy=run.strategy,  # --distributed: every MPI rank's gradients averaged before each step
+    strategy=run.strategy,  # over MPI: gradients averaged before each step; ZeRO shards the state among the ranks
 )
 
 # -- callbacks -------------------------------------------------------------------------------------------------------
 # After every epoch: a line on the screen, a row of log.csv, and a checkpoint -- the last epoch's, which --resume
-# continues from, and best.pkl, the best by validation accuracy. Over MPI, rank 0 alone writes them.
+# continues from, and best.pkl, the best by validation accuracy. Over MPI, rank 0 alone writes them; the other ranks
+# take part in each save (under ZeRO a save gathers their shards), so every rank has the checkpoint callback.
 checkpoints = tt.callbacks.ModelCheckpoint(run.out / "checkpoints", keep_last=1, monitor="eval_accuracy")
-callbacks = [PrintRow("epoch"), tt.callbacks.CSVLogger(run.out / "log.csv"), checkpoints] if run.is_writer else []
+callbacks = ([PrintRow("epoch"), tt.callbacks.CSVLogger(run.out / "log.csv")] if run.is_writer else []) + [checkpoints]
 
 # -- training --------------------------------------------------------------------------------------------------------
 # --resume loads the last checkpoint: weights, optimizer, schedule, the loader's place and every random generator,
