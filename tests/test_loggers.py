@@ -2,6 +2,10 @@
 resumed run that continues the same run with no duplicate step. Skipped where the package is absent."""
 from __future__ import annotations
 
+import csv
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -12,6 +16,7 @@ from tinytrain import nn
 from tinytrain.callbacks import MLflowLogger, ModelCheckpoint, TensorBoardLogger
 from tinytrain.data import DataLoader, TensorDataset
 
+ROOT = Path(__file__).resolve().parents[1]
 RNG = np.random.default_rng(1)
 DATA = TensorDataset(RNG.standard_normal((64, 5)).astype(np.float32), RNG.integers(0, 3, 64))
 SETTINGS = {"lr": 0.2, "batch_size": 16, "model": "mlp"}
@@ -122,3 +127,29 @@ def test_mlflow_resumed_run_continues_the_same_run(tmp_path: Path) -> None:
     assert len(client.search_runs([client.get_experiment_by_name("digits").experiment_id])) == 1
     points = client.get_metric_history(loggers[0].run_id, "train_loss")
     assert [(p.step, p.value) for p in points] == list(zip([4, 8, 12], history["train_loss"]))
+
+
+# -- the milestones' --logger ----------------------------------------------------------------------------------------
+@pytest.mark.slow  # about a minute: two milestone processes, each creating or opening an MLflow store
+def test_milestone_logs_to_both_and_a_resumed_run_continues_them(tmp_path: Path) -> None:
+    mlflow = pytest.importorskip("mlflow")
+    pytest.importorskip("tensorboard")
+    out = tmp_path / "run"
+    command = [sys.executable, str(ROOT / "milestones" / "mlp.py"), "--epochs", "4", "--out", str(out),
+               "--logger", "tensorboard", "--logger", "mlflow"]
+    environment = {**os.environ, "MLFLOW_TRACKING_URI": ""}
+    for extra, ending in ((["--stop-after", "2"], "stopped after epoch 2 of 4"), (["--resume"], "test accuracy")):
+        done = subprocess.run(command + extra, capture_output=True, text=True, timeout=300, env=environment)
+        assert ending in done.stdout, done.stderr  # 4 epochs may miss the pass mark: the exit status says so
+    with open(out / "log.csv", newline="") as file:
+        rows = list(csv.DictReader(file))
+    steps, losses = [int(row["step"]) for row in rows], [float(row["train_loss"]) for row in rows]
+    scalars = event_accumulator(out / "tensorboard").Scalars("train_loss")
+    assert [s.step for s in scalars] == steps and [s.value for s in scalars] == pytest.approx(losses, rel=1e-6)
+    client = mlflow.tracking.MlflowClient(tracking_uri=f"sqlite:///{out / 'mlflow.db'}")
+    (run,) = client.search_runs([client.get_experiment_by_name("mlp-digits").experiment_id])
+    points = client.get_metric_history(run.info.run_id, "train_loss")
+    assert [p.step for p in points] == steps and [p.value for p in points] == pytest.approx(losses, rel=1e-12)
+    assert run.data.params["epochs"] == "4" and run.data.params["dataset"] == "digits"
+    artifacts = Path(run.info.artifact_uri.removeprefix("file://"))
+    assert {path.name for path in artifacts.iterdir()} == {"settings.toml", "best.pkl"}

@@ -4,7 +4,8 @@ Both loggers write one point per history row (an epoch, or an evaluation of a
 ``fit(max_steps=...)`` run) at ``trainer.step``, the optimizer steps so far:
 ``train_loss``, ``eval_loss``, ``eval_accuracy`` (for a classifier), ``lr``,
 ``grad_norm``, ``skipped_steps`` (of that row), ``seconds`` (that row's) and,
-given ``tokens_per_step``, ``tokens_per_second``. ``settings`` (a dict, or a
+given ``tokens_per_step``, ``tokens_per_second`` (the row's steps times that, over its seconds,
+its evaluation included). ``settings`` (a dict, or a
 dataclass of a run's settings) are logged once, when a run starts; ``log_text``
 adds a text such as a language model's sample.
 

@@ -121,7 +121,11 @@ trainer = tt.Trainer(
 # checkpoint -- the last one, which --resume continues from, and best.pkl, the lowest validation loss. Over MPI,
 # rank 0 alone writes them.
 checkpoints = tt.callbacks.ModelCheckpoint(run.out / "checkpoints", keep_last=1, monitor="eval_loss", unit="step")
-callbacks = [PrintRow("step"), tt.callbacks.CSVLogger(run.out / "log.csv"), checkpoints] if run.is_writer else []
+# --logger adds TensorBoard or MLflow, with the tokens trained per second (every rank's windows of every micro-batch).
+ranks = 1 if run.comm is None else run.comm.Get_size()
+tokens_per_step = settings.batch_size * settings.context * settings.accumulation_steps * ranks
+callbacks = [PrintRow("step"), tt.callbacks.CSVLogger(run.out / "log.csv"), checkpoints,
+             *run.loggers(checkpoints, tokens_per_step)] if run.is_writer else []
 
 # -- training --------------------------------------------------------------------------------------------------------
 # --resume loads the last checkpoint: weights, optimizer, schedule, the loader's place and every random generator,
@@ -140,6 +144,7 @@ prompt = tt.tensor([tokenizer.encode("\n")], device=settings.device)  # (1, 1): 
 tokens = model.generate(prompt, settings.sample_length, temperature=settings.temperature, top_k=settings.top_k)
 sample = tokenizer.decode(tokens.numpy()[0, 1:])  # (1, 1 + sample_length) ids, less the prompt, as text
 print(f"sample (temperature {settings.temperature}, top_k {settings.top_k}):\n{sample}\n")
+run.log_text("sample", sample, trainer.step)
 pass_mark = PASS_MARKS[settings.dataset]
 result = {"val_loss": val_loss, "pass_mark": pass_mark, "passed": val_loss <= pass_mark, "sample": sample,
           "train_seconds_this_run": train_seconds}
