@@ -37,7 +37,7 @@ from tinytrain.autograd import Function, no_grad
 from tinytrain.serialization import atomic_write
 from tinytrain.tensor import Tensor, tensor
 
-OPSET = 17  # ONNX Runtime 1.14 and later run it; LayerNorm and GELU are written out, so nothing newer is needed
+OPSET = 17  # run by every recent ONNX Runtime; LayerNorm and GELU are written out, so nothing newer is needed
 
 
 @dataclass
@@ -142,23 +142,21 @@ def _get_item(graph: _Graph, call: Call, x: list[str]) -> str:
     if Ellipsis in index:
         at = index.index(Ellipsis)
         index = index[:at] + (slice(None),) * (len(shape) - len(index) + 1) + index[at + 1:]
-    starts, ends, axes, steps, dropped = [], [], [], [], []
+    cuts, dropped = [], []  # (start, end, axis, step) of every axis not taken whole; the integer-indexed axes
     for axis, item in enumerate(index):
         if isinstance(item, slice):
             start, stop, step = item.indices(shape[axis])
             if (start, stop, step) == (0, shape[axis], 1):
                 continue
             # a negative step's stop of -1 means "past the front": ONNX spells that as a very negative end
-            stop = stop if stop >= 0 else -(2 ** 62)
+            cuts.append((start, stop if stop >= 0 else -(2 ** 62), axis, step))
         else:
             start = int(item) % shape[axis]
-            stop, step = start + 1, 1
+            cuts.append((start, start + 1, axis, 1))
             dropped.append(axis)
-        starts.append(start), ends.append(stop), axes.append(axis), steps.append(step)
     out = x[0]
-    if axes:
-        out = graph.node("Slice", [out, *(graph.constant(np.asarray(v, dtype=np.int64))
-                                         for v in (starts, ends, axes, steps))])
+    if cuts:
+        out = graph.node("Slice", [out, *(graph.constant(np.asarray(column, dtype=np.int64)) for column in zip(*cuts))])
     if dropped:
         out = graph.node("Squeeze", [out, graph.constant(np.asarray(dropped, dtype=np.int64))])
     return out if out != x[0] else graph.node("Identity", x)
