@@ -100,7 +100,8 @@ trainer = tt.Trainer(
 # continues from, and best.pkl, the best by validation accuracy. Over MPI, rank 0 alone writes them; the other ranks
 # take part in each save (under ZeRO a save gathers their shards), so every rank has the checkpoint callback.
 checkpoints = tt.callbacks.ModelCheckpoint(run.out / "checkpoints", keep_last=1, monitor="eval_accuracy")
-callbacks = ([PrintRow("epoch"), tt.callbacks.CSVLogger(run.out / "log.csv")] if run.is_writer else []) + [checkpoints]
+callbacks = [PrintRow("epoch"), tt.callbacks.CSVLogger(run.out / "log.csv"), checkpoints,
+             *run.loggers(checkpoints)] if run.is_writer else [checkpoints]  # --logger: TensorBoard, MLflow
 
 # -- training --------------------------------------------------------------------------------------------------------
 # --resume loads the last checkpoint: weights, optimizer, schedule, the loader's place and every random generator,

@@ -4,8 +4,9 @@
   (the student's code); only the package files that name the public API
   (``__init__``, ``__main__``, ``nn/__init__``, ``nn/functional``) are written by hand there.
 * ``course/`` (tooling), ``testing/`` (test devices), ``datasets/``, ``runtime/``
-  (process settings and state) and ``kernels/`` (fast paths that a reference
-  solution hands work to) are hand-written; no module exports into them.
+  (process settings and state), ``kernels/`` (fast paths that a reference
+  solution hands work to) and ``interop/`` (the ecosystem's formats and loggers)
+  are hand-written; no module exports into them.
 * No library file imports the tooling: only ``__main__``, the ``tinytrain`` command, starts it.
 """
 from __future__ import annotations

@@ -41,6 +41,9 @@ _NAMES = {
     **{name: ("training", name) for name in ("Trainer", "clip_grad_norm", "memory_report", "plot_history")},
     **{name: ("amp", name) for name in ("GradScaler", "MixedPrecision")},
     "checkpoint": ("nn.checkpointing", "checkpoint"),  # gradient checkpointing; checkpoint files: tt.serialization
+    **{name: ("interop.safetensors", name) for name in ("load_safetensors", "save_safetensors")},
+    "onnx": ("interop.onnx", None),
+    "huggingface": ("interop.huggingface", None),
 }
 _SUBMODULES = (
     "backend", "autograd", "ops", "nn", "optim", "data", "datasets", "callbacks", "serialization", "schedules", "training",

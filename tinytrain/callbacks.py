@@ -285,3 +285,7 @@ class EarlyStopping(Callback):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.best, self.best_epoch, self.wait = state["best"], state["best_epoch"], state["wait"]
         self.stopped_epoch, self._best_weights = state["stopped_epoch"], state["best_weights"]
+
+
+# given, so that tt.callbacks names every callback (tinytrain/interop/loggers.py)
+from tinytrain.interop.loggers import MLflowLogger, TensorBoardLogger  # noqa: E402, F401

@@ -1293,6 +1293,18 @@ assert trainer.epoch == 10 and patient.stopped_epoch == 10, trainer.epoch
 print("callbacks OK")
 
 # %% [markdown]
+# The same hooks feed the tools practitioners read their runs in:
+# `TensorBoardLogger(log_dir)` writes TensorBoard's event files and
+# `MLflowLogger(tracking_uri=..., experiment=...)` an MLflow run, one point per
+# history row at `trainer.step`, and a resumed run continues the same run. They
+# only translate rows into two packages' formats, so they are given, not written
+# here (`pip install 'tinytrain[tensorboard]'` or `'tinytrain[mlflow]'`):
+
+# %% export="callbacks"
+# given, so that tt.callbacks names every callback (tinytrain/interop/loggers.py)
+from tinytrain.interop.loggers import MLflowLogger, TensorBoardLogger  # noqa: E402, F401
+
+# %% [markdown]
 # ## 4. Systems: what a checkpoint costs
 #
 # A checkpoint is about as large as the training state: the weights, plus the
@@ -1347,6 +1359,7 @@ print(f"plain write {plain * 1e3:6.1f} ms, atomic write (temporary file, fsync, 
 #   cannot save its position (torchdata's `StatefulDataLoader` can).
 # * PyTorch Lightning's `ModelCheckpoint` (`save_top_k`, `monitor`, `every_n_epochs`),
 #   `CSVLogger` and `EarlyStopping`, and Keras' callbacks, are the models for ours.
+#   Lightning's `TensorBoardLogger` and `MLFlowLogger` are the models for the two loggers.
 #
 # ## Summary
 #

@@ -18,7 +18,8 @@ every recipe and lives here, behind two calls:
 
 Between them a recipe uses ``run.data_loader`` and ``run.strategy`` (plain, or
 data-parallel over MPI: DataParallel or ZeRO), ``run.resume`` and ``run.until`` (``--resume`` and
-``--stop-after``), ``run.out``, ``run.is_writer`` and :class:`PrintRow`. When
+``--stop-after``), ``run.out``, ``run.is_writer``, :class:`PrintRow` and ``run.loggers`` (``--logger
+tensorboard|mlflow``). When
 the run fails in a student's exported code, the error names that module and how
 to put the reference back.
 
@@ -52,7 +53,7 @@ import runpy
 import sys
 import typing
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -94,6 +95,7 @@ HELP = {
     "out": "folder for checkpoints, log, plot and settings (default runs/<milestone>-<dataset>)",
     "data_root": "folder that already holds the dataset's standard files (no download)",
 }
+LOGGERS = ("tensorboard", "mlflow")  # --logger: the experiment trackers a run can also write to
 # settings that count something: at least 1 wherever a recipe has them
 _POSITIVE = ("epochs", "steps", "batch_size", "accumulation_steps", "context", "n_layer", "n_head", "n_embd",
              "eval_every", "eval_batches", "top_k")
@@ -119,6 +121,10 @@ def _parser(name: str, description: str, defaults: Any, datasets: Sequence[str],
                              "--distributed` (--batch-size is per rank; needs mpi4py)")
     parser.add_argument("--stop-after", type=int, default=None, metavar="N",
                         help=f"train at most N {unit}s in this invocation (then --resume goes on)")
+    parser.add_argument("--logger", action="append", choices=LOGGERS, default=[],
+                        help="also log to TensorBoard (event files in OUT/tensorboard) or MLflow (a run in "
+                             "sqlite:///OUT/mlflow.db, or $MLFLOW_TRACKING_URI); repeatable; with --resume, give it "
+                             "again: the run goes on in the same log")
     return parser
 
 
@@ -278,6 +284,8 @@ class Run:
     strategy: Any
     resuming: bool  # --resume
     stop_after: int | None  # --stop-after
+    logger_names: Sequence[str] = ()  # --logger
+    logger_callbacks: list = field(default_factory=list)  # what loggers() made, for log_text
 
     @property
     def is_writer(self) -> bool:
@@ -311,6 +319,30 @@ class Run:
         last = files[max(files)]
         trainer.load_checkpoint(last)
         print(f"resumed from {last} ({self.unit} {getattr(trainer, self.unit)} of {self.total})")
+
+    def loggers(self, checkpoints: ModelCheckpoint, tokens_per_step: int | None = None) -> list:
+        """The callbacks of ``--logger``: a ``TensorBoardLogger`` writing to ``out/tensorboard`` and an
+        ``MLflowLogger`` (experiment ``<milestone>-<dataset>``, store ``$MLFLOW_TRACKING_URI`` or
+        ``sqlite:///out/mlflow.db``; the settings file and the best checkpoint as artifacts), each given the
+        settings and ``tokens_per_step`` (a language model's tokens per optimizer step, over all ranks)."""
+        made = []
+        settings = asdict(self.settings)
+        if "tensorboard" in self.logger_names:
+            made.append(tt.callbacks.TensorBoardLogger(self.out / "tensorboard", settings=settings,
+                                                       tokens_per_step=tokens_per_step))
+        if "mlflow" in self.logger_names:
+            tracking_uri = os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{(self.out / 'mlflow.db').resolve()}"
+            made.append(tt.callbacks.MLflowLogger(
+                tracking_uri=tracking_uri, experiment=f"{self.name}-{self.settings.dataset}", settings=settings,
+                artifacts=[self.out / SETTINGS_FILE, checkpoints.directory / "best.pkl"],
+                tokens_per_step=tokens_per_step))
+        self.logger_callbacks = made
+        return made
+
+    def log_text(self, tag: str, text: str, step: int) -> None:
+        """Add ``text`` (a sample, say) to every ``--logger`` log."""
+        for logger in self.logger_callbacks:
+            logger.log_text(tag, text, step)
 
     def until(self, total: int, done: int) -> int:
         """Where this invocation stops training: at ``total`` (epochs or steps), or ``--stop-after N`` after
@@ -388,7 +420,8 @@ def start(name: str, description: str, defaults: Any, datasets: Sequence[str], u
     sharded = getattr(settings, "strategy", "ddp") != "ddp"
     comm = tt.distributed.world() if args.distributed or sharded else None
     strategy = None if comm is None else tt.distributed.strategy_from_name(getattr(settings, "strategy", "ddp"), comm)
-    run = Run(name, settings, unit, Path(settings.out), comm, strategy, args.resume, args.stop_after)
+    run = Run(name, settings, unit, Path(settings.out), comm, strategy, args.resume, args.stop_after,
+              tuple(dict.fromkeys(args.logger)))
     if not run.is_writer:
         sys.stdout = open(os.devnull, "w")  # one rank prints: they all compute the same numbers
     sys.excepthook = functools.partial(_report_failure, sys.excepthook)

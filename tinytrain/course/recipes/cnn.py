@@ -112,7 +112,8 @@ trainer = tt.Trainer(
 # After every epoch: a line on the screen, a row of log.csv, and a checkpoint -- the last epoch's, which --resume
 # continues from, and best.pkl, the best by validation accuracy. Over MPI, rank 0 alone writes them.
 checkpoints = tt.callbacks.ModelCheckpoint(run.out / "checkpoints", keep_last=1, monitor="eval_accuracy")
-callbacks = [PrintRow("epoch"), tt.callbacks.CSVLogger(run.out / "log.csv"), checkpoints] if run.is_writer else []
+callbacks = [PrintRow("epoch"), tt.callbacks.CSVLogger(run.out / "log.csv"), checkpoints,
+             *run.loggers(checkpoints)] if run.is_writer else []  # --logger: TensorBoard, MLflow
 
 # -- training --------------------------------------------------------------------------------------------------------
 # --resume loads the last checkpoint: weights, optimizer, schedule, the loader's place and every random generator,

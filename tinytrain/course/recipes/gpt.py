@@ -125,10 +125,12 @@ trainer = tt.Trainer(
 # MFU -- the model's FLOPs a second (6 per parameter per token, and attention's: Module 16) as a share of this
 # machine's peak, measured on a GEMM.
 checkpoints = tt.callbacks.ModelCheckpoint(run.out / "checkpoints", keep_last=1, monitor="eval_loss", unit="step")
+# --logger adds TensorBoard or MLflow, with the tokens trained per second (every rank's windows of every micro-batch).
 tokens_per_step = settings.batch_size * settings.context * settings.accumulation_steps * run.world_size
-callbacks = ([PrintRow("step", tokens_per_step=tokens_per_step, flops_per_token=tt.nn.flops_per_token(config),
-                       peak_flops=tt.profiler.peak_flops(settings.device)),
-              tt.callbacks.CSVLogger(run.out / "log.csv")] if run.is_writer else []) + [checkpoints]
+callbacks = [PrintRow("step", tokens_per_step=tokens_per_step, flops_per_token=tt.nn.flops_per_token(config),
+                      peak_flops=tt.profiler.peak_flops(settings.device)),
+             tt.callbacks.CSVLogger(run.out / "log.csv"), checkpoints, *run.loggers(checkpoints, tokens_per_step)] \
+    if run.is_writer else [checkpoints]
 
 # -- training --------------------------------------------------------------------------------------------------------
 # --resume loads the last checkpoint: weights, optimizer, schedule, the loader's place and every random generator,
@@ -147,6 +149,7 @@ prompt = tt.tensor([tokenizer.encode("\n")], device=settings.device)  # (1, 1): 
 tokens = model.generate(prompt, settings.sample_length, temperature=settings.temperature, top_k=settings.top_k)
 sample = tokenizer.decode(tokens.numpy()[0, 1:])  # (1, 1 + sample_length) ids, less the prompt, as text
 print(f"sample (temperature {settings.temperature}, top_k {settings.top_k}):\n{sample}\n")
+run.log_text("sample", sample, trainer.step)
 pass_mark = PASS_MARKS[settings.dataset]
 result = {"val_loss": val_loss, "pass_mark": pass_mark, "passed": val_loss <= pass_mark, "sample": sample,
           "train_seconds_this_run": train_seconds}
