@@ -6,7 +6,8 @@ Figures: the MLP training step (``mlp_step.py``), the two CNN training steps
 (``cnn_step.py``), the convolutions of the CNN milestone alone, forward and
 backward (``conv_layer.py``), the CNN milestone's epoch on MNIST- and
 CIFAR-10-shaped data (``cnn_epoch.py``, a 5% run scaled up), the GPT training iteration and a generated token with and
-without the KV cache (``gpt_step.py``), autograd overhead (``autograd_overhead.py``), DataLoader
+without the KV cache (``gpt_step.py``), the GPT milestone's whole training against nanoGPT's recipe in PyTorch
+(``gpt_milestone.py``; 200 steps with ``--quick``), autograd overhead (``autograd_overhead.py``), DataLoader
 throughput and checkpoint save/load (``data_io.py``), and the peak memory
 (tracemalloc) of the MLP and CNN steps against the sum of parameters,
 gradients, optimizer state and activations, computed here.
@@ -42,6 +43,7 @@ import numpy as np  # noqa: E402
 
 import autograd_overhead  # noqa: E402
 import data_io  # noqa: E402
+import gpt_milestone  # noqa: E402
 import gpt_step  # noqa: E402
 import mlp_step  # noqa: E402
 
@@ -54,6 +56,7 @@ except ImportError:
 if cnn_step is not None and not all(hasattr(cnn_step, name) for name in ("SHAPES", "CLASSES", "measure", "peak_memory")):
     cnn_step = None
 EPOCH_FRACTION = 0.05  # of each CNN milestone epoch, scaled up (cnn_epoch.py)
+QUICK_MILESTONE_STEPS = 200  # of the GPT milestone's 2,000, with --quick (gpt_milestone.py)
 
 TARGETS = {  # tinytrain / reference, at most (benchmarks/README.md, "Targets")
     "mlp_vs_torch": 0.85,
@@ -64,6 +67,7 @@ TARGETS = {  # tinytrain / reference, at most (benchmarks/README.md, "Targets")
     "mlp_memory_vs_theory": 1.5,
     "gpt_vs_torch": 1.25,
     "gpt_cache_speedup": 3.0,  # at least: a token without the KV cache over one with it
+    "gpt_milestone_vs_torch": 1.0,  # the milestone's training time, nanoGPT's recipe in PyTorch
 }
 
 
@@ -167,6 +171,9 @@ def collect(quick: bool) -> dict[str, Any]:
 
     print("GPT iteration and token ...", flush=True)
     report["gpt"] = {"train": gpt_step.measure(quick, with_torch), "token": gpt_step.measure_token(quick, with_torch)}
+    print("GPT milestone ...", flush=True)
+    report["gpt_milestone"] = gpt_milestone.measure(QUICK_MILESTONE_STEPS if quick else gpt_milestone.STEPS,
+                                                    with_torch=with_torch)
 
     print("autograd overhead ...", flush=True)
     report["autograd"] = autograd_overhead.measure(quick, with_torch)
@@ -243,6 +250,13 @@ def rows(report: dict[str, Any]) -> list[dict[str, Any]]:
                   "torch": None, "vs_numpy": None, "vs_torch": None,
                   "targets": {"speedup": {"limit": TARGETS["gpt_cache_speedup"], "at_least": True,
                                           "met": speedup >= TARGETS["gpt_cache_speedup"]}}})
+    milestone = report["gpt_milestone"]
+    add(f"GPT milestone, {milestone['steps']:,} steps with its evaluations, training time "
+        f"(final validation loss {milestone['tinytrain']['val_loss']:.3f}"
+        + (f", PyTorch's {milestone['torch']['val_loss']:.3f})" if "torch" in milestone else ")"), "s",
+        {"tinytrain": milestone["tinytrain"]["train_seconds"], "numpy": None,
+         "torch": milestone["torch"]["train_seconds"] if "torch" in milestone else None},
+        targets={"torch": TARGETS["gpt_milestone_vs_torch"]})
     add("Autograd overhead, 200 chained ops on 64 floats", "ms", seconds(report["autograd"]), 1e3,
         {"torch": TARGETS["autograd_vs_torch"]})
     loader = report["dataloader"]

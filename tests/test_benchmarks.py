@@ -16,6 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
 import cnn_epoch  # noqa: E402
 import conv_layer  # noqa: E402
+import gpt_milestone  # noqa: E402
 import mlp_step  # noqa: E402
 import student_library  # noqa: E402
 from _timing import torch_or_none  # noqa: E402
@@ -64,6 +65,17 @@ def test_cnn_epoch_runs_the_milestone_on_data_of_the_datasets_shape(monkeypatch,
     assert found["fraction"] == 0.002 and found["batch_size"] == 64
     assert found["epoch_seconds"] == pytest.approx(found["measured_seconds"] / 0.002)
     assert milestones.load_dataset is real_loader  # the real datasets are back for whatever runs next
+
+
+@pytest.mark.parametrize("steps", [2, 150, 2000])  # a warm-up of 1 step, of half the steps, the recipe's 100
+def test_gpt_milestone_pytorch_side_follows_the_milestones_schedule(steps) -> None:
+    import tinytrain as tt
+
+    schedule = tt.CosineSchedule(max_lr=gpt_milestone.LR, min_lr=gpt_milestone.MIN_LR, total_epochs=steps,
+                                 warmup_epochs=gpt_milestone.warmup_steps(steps))
+    for step in (0, 1, 99, 100, 101, steps // 2, steps - 1, steps, steps + 1):  # past the end: min_lr
+        assert gpt_milestone.learning_rate(step, steps) == pytest.approx(schedule.get_lr(step), rel=1e-12), step
+    assert gpt_milestone.warmup_steps(2000) == 100
 
 
 def _fake_threadpoolctl(monkeypatch, libraries: list[dict]) -> None:

@@ -283,7 +283,9 @@ print(f"max |exact - tanh approximation| = {abs(exact - approx)[worst]:.2e} at x
 #   $|x| > 10$ ($u > 43$), so clipping $x$ to $[-10, 10]$ *inside the cubic*
 #   changes no result and removes the overflow. Backward clips too: the $x^2$ in
 #   $u'$ overflows the same way, so use the clipped $x$ there (the given
-#   `_tanh_and_clipped` returns it next to $t$).
+#   `_tanh_and_clipped` returns it next to $t$; it computes $t$ as
+#   $1 - 2/(e^{2u} + 1)$, the same value, because NumPy's vectorised `exp` is
+#   about twice as fast as its `tanh` on many CPUs).
 #   Beyond the clip, GELU is exactly $x$ (right) or $0$ (left) with slope 1 or 0.
 #
 # Write `GELUTanh` as a `Function` (Module 02): `backward` returns the tuple
@@ -296,6 +298,33 @@ print(f"max |exact - tanh approximation| = {abs(exact - approx)[worst]:.2e} at x
 SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 GELU_CUBIC = 0.044715
 GELU_CLIP = 10.0  # tanh(u) is exactly +-1 beyond |x| = 10 (u > 43), in float32 and float64
+
+
+def _tanh_of_gelu_argument(xp: Any, clipped: Any) -> Any:
+    """``tanh(u)`` for ``u = sqrt(2/pi) * (c + 0.044715 * c^3)``, ``c = clipped`` (within [-10, 10]): a new array.
+
+    Multiplying ``(e^u - e^-u) / (e^u + e^-u)`` above and below by ``e^u`` gives
+    ``tanh(u) = 1 - 2 / (exp(2u) + 1)``, the form computed here for float32 and
+    float64: NumPy's float32 ``exp`` runs on SIMD lanes where its ``tanh`` takes
+    one element at a time (on AVX2 CPUs), so it is about twice as fast, and equal
+    to ``tanh`` within a rounding (2e-7 in float32). ``|u| <= 43.6`` keeps
+    ``exp(2u)`` below 1e38, finite in float32; in float16 (mixed precision) it
+    would overflow, so float16 takes ``xp.tanh``. Every step after the first
+    works in place on one buffer, so a call makes one array, not seven.
+    """
+    # out=: an array even for a 0-d input, whose arithmetic NumPy returns as a scalar (which out= refuses)
+    buffer = xp.multiply(clipped, clipped, out=xp.empty_like(clipped))
+    buffer *= GELU_CUBIC
+    buffer += 1
+    buffer *= clipped
+    buffer *= SQRT_2_OVER_PI  # u
+    if clipped.dtype.itemsize < 4:
+        return xp.tanh(buffer, out=buffer)
+    buffer *= 2
+    xp.exp(buffer, out=buffer)
+    buffer += 1
+    xp.divide(2.0, buffer, out=buffer)
+    return xp.subtract(1.0, buffer, out=buffer)
 
 
 class GELUTanh(Function):
@@ -313,8 +342,7 @@ class GELUTanh(Function):
     def _tanh_and_clipped(self, x: Any) -> tuple:
         """``(tanh(u), clip(x, -10, 10))`` for the approximation's ``u``."""
         clipped = self.xp.clip(x, -GELU_CLIP, GELU_CLIP)
-        u = SQRT_2_OVER_PI * clipped * (1 + GELU_CUBIC * clipped * clipped)
-        return self.xp.tanh(u), clipped
+        return _tanh_of_gelu_argument(self.xp, clipped), clipped
 
     def forward(self, x: Any) -> Any:
         ### BEGIN SOLUTION
