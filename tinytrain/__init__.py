@@ -25,7 +25,7 @@ _NAMES = {
     **{
         name: ("tensor", name)
         for name in (
-            "Tensor", "arange", "bool_", "concatenate", "float16", "float32", "float64", "int32", "int64",
+            "Tensor", "arange", "bfloat16", "bool_", "concatenate", "float16", "float32", "float64", "int32", "int64",
             "ones", "rand", "randn", "stack", "tensor", "where", "zeros",
         )
     },

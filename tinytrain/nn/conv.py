@@ -20,6 +20,7 @@ import numpy as np
 
 from tinytrain.runtime import allocator
 from tinytrain.autograd import Function
+from tinytrain.backend import BFLOAT16
 from tinytrain.kernels import winograd
 from tinytrain.nn.layers import _uniform_parameter, check_floating_input
 from tinytrain.nn.normalization import _BatchNorm
@@ -303,6 +304,8 @@ def conv2d(x: Tensor, weight: Tensor, bias: Tensor | None = None, stride: Any = 
         bias = b
     stride, padding = _pair(stride, "stride"), _pair(padding, "padding", minimum=0)
     check_floating_input("conv2d", x)
+    if isinstance(weight, Tensor) and x.dtype != weight.dtype and BFLOAT16 in (x.dtype, weight.dtype):
+        x, weight = x.astype(BFLOAT16), weight.astype(BFLOAT16)  # a product with a bfloat16 operand (Module 17)
     if x.ndim != 4:
         raise ValueError(f"conv2d expects input of shape (N, C, H, W), got {x.shape}")
     if weight.ndim != 4:
