@@ -83,9 +83,9 @@ except ImportError:
 #
 # so the exponent sets the **range** (how large and how small a number can be)
 # and the mantissa the **precision** (how many numbers there are between two
-# powers of two: $2^{23}$). Exponent bits all 0 are the *subnormals*, closer to
-# 0 than the smallest normal number; all 1 are infinity ($m = 0$) and NaN
-# ($m \ne 0$). The two 16-bit formats split their bits differently:
+# powers of two: $2^{23}$). Exponent bits all 0 are zero and the *subnormals*,
+# closer to 0 than the smallest normal number; all 1 are infinity ($m = 0$)
+# and NaN ($m \ne 0$). The two 16-bit formats split their bits differently:
 #
 # | format | sign | exponent | mantissa | largest | smallest normal | spacing at 1 ($\epsilon$) |
 # |---|---|---|---|---|---|---|
@@ -136,7 +136,7 @@ for name in ("float32", "float16", "bfloat16"):
 # NaN must stay a NaN: it becomes the *quiet NaN* `0x7FC0`, with the input's
 # sign bit (`0xFFC0` for a negative NaN) — what `ml_dtypes` gives. (Every
 # library keeps a NaN a NaN; which NaN bits it picks differs: PyTorch's CPU
-# cast gives `0xFFFF` here.)
+# cast gives `0xFFFF` for these two.)
 #
 # Widening back is exact: put the 16 bits back on top and zeros below.
 #
@@ -277,7 +277,8 @@ print(f"float32 sum: {total32:.0f}   bfloat16 sum: {float(total16[0]):.0f}")
 # normalisation, the mean of a loss) add bfloat16 up in float32
 # (`tinytrain.backend.sum_dtype`) and round once, as PyTorch's kernels do.
 # float16 is a different story: NumPy has its own float16 loops, matrix
-# product included, without BLAS. Measure (median of 5 runs, 512×512):
+# product included, without BLAS. Measure tinytrain's operations on 512×512
+# tensors of each dtype (the median of 5 runs):
 
 # %%
 def median_seconds(function, repeats: int = 5) -> float:
@@ -290,17 +291,18 @@ def median_seconds(function, repeats: int = 5) -> float:
     return float(np.median(times))
 
 
-square = np.random.default_rng(0).standard_normal((512, 512)).astype(np.float32)
+squares = {dtype: tt.randn(512, 512).astype(dtype) for dtype in ("float32", "float16", "bfloat16")}
 print(f"{'operation':12s} {'float32':>10s} {'float16':>10s} {'bfloat16':>10s}   (ms)")
-for label, operation in (("add", lambda a: a + a), ("exp", np.exp), ("matmul", lambda a: a @ a)):
-    times = [median_seconds(lambda: operation(square.astype(dtype, copy=False))) * 1e3
-             for dtype in (np.float32, np.float16, ml_dtypes.bfloat16)]
+for label, operation in (("add", lambda t: t + t), ("exp", lambda t: t.exp()), ("sum", lambda t: t.sum()),
+                         ("matmul", lambda t: t @ t)):
+    times = [median_seconds(lambda: operation(square)) * 1e3 for square in squares.values()]
     print(f"{label:12s} {times[0]:10.3f} {times[1]:10.3f} {times[2]:10.3f}")
 
 # %% [markdown]
 # On this CPU bfloat16 saves memory, not time: the element-wise functions run
-# several times slower than float32's, and the matrix product pays for its
-# conversions (float16's product, without BLAS, is far slower still). The
+# several times slower than float32's, and the matrix product, done in
+# float32, pays for the conversions around it (float16's product, without
+# BLAS, is far slower still). The
 # point of what follows is the method and the memory; the speed comes on a GPU.
 #
 # One more difference from PyTorch. NumPy decides the dtype of
@@ -605,7 +607,7 @@ for precision, run in gpt_runs.items():
 # $e^{-\infty - 0}$ is 0), exactly as Module 14's masked softmax did; $e^{m - m'}$
 # with $m = -\infty$ is then $e^{-\infty} = 0$ too.
 #
-# Write `online_softmax_update(top, total, acc, scores, values)`: `top` and
+# Write `online_softmax_update(top, total, acc, scores, values, xp)`: `top` and
 # `total` are $m$ and $\ell$, shape $(\dots, B_r)$ (one per query row of the
 # block), `acc` is $a$, $(\dots, B_r, E_v)$, `scores` the new tile
 # $(\dots, B_r, B_c)$ (masked entries already $-\infty$), `values` its
@@ -911,7 +913,9 @@ class FlashAttention(Function):
         self.shapes = (query.shape, key.shape, value.shape)
         work = np.dtype("float64" if np.dtype("float64") in self.dtypes else "float32")
         leading = np.broadcast_shapes(query.shape[:-2], key.shape[:-2], value.shape[:-2])
-        query, key, value = (xp.broadcast_to(t, (*leading, *t.shape[-2:])).astype(work) for t in (query, key, value))
+        # views where no cast is needed: only the scaled queries are a new (L, E) array
+        query, key, value = (xp.broadcast_to(t, (*leading, *t.shape[-2:])).astype(work, copy=False)
+                             for t in (query, key, value))
         self.tiles = Tiles(xp, query.shape[-2], key.shape[-2], block_size, allowed, is_causal)
         self.scale = scale
         query = query * scale

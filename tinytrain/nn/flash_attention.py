@@ -159,7 +159,9 @@ class FlashAttention(Function):
         self.shapes = (query.shape, key.shape, value.shape)
         work = np.dtype("float64" if np.dtype("float64") in self.dtypes else "float32")
         leading = np.broadcast_shapes(query.shape[:-2], key.shape[:-2], value.shape[:-2])
-        query, key, value = (xp.broadcast_to(t, (*leading, *t.shape[-2:])).astype(work) for t in (query, key, value))
+        # views where no cast is needed: only the scaled queries are a new (L, E) array
+        query, key, value = (xp.broadcast_to(t, (*leading, *t.shape[-2:])).astype(work, copy=False)
+                             for t in (query, key, value))
         self.tiles = Tiles(xp, query.shape[-2], key.shape[-2], block_size, allowed, is_causal)
         self.scale = scale
         query = query * scale
