@@ -29,6 +29,7 @@ PRECISIONS = {
 TRUE_PRECISIONS = {"16-true": np.dtype("float16"), "bf16-true": BFLOAT16}  # the dtype of everything
 
 
+# student: Module 17
 def float32_to_bfloat16(x: np.ndarray) -> np.ndarray:
     """The float32 array ``x`` rounded to bfloat16: a new bfloat16 array of ``x``'s shape.
 
@@ -45,6 +46,7 @@ def float32_to_bfloat16(x: np.ndarray) -> np.ndarray:
     return np.where(np.isnan(x), quiet_nan, kept).astype(np.uint16).view(BFLOAT16)
 
 
+# student: Module 17
 def bfloat16_to_float32(x: np.ndarray) -> np.ndarray:
     """The bfloat16 array ``x`` as float32, exactly: a new float32 array of ``x``'s shape whose
     upper 16 bits are ``x``'s bits and whose lower 16 bits are 0."""
@@ -72,6 +74,7 @@ class HalfPrecision:
         self.precision = precision
         self.dtype = TRUE_PRECISIONS[precision]
 
+    # student: Module 17
     def setup(self, trainer: Any) -> None:
         """Cast ``trainer.model``'s floating-point parameters, their gradients (where they have
         one) and its floating-point buffers to ``self.dtype`` in place
@@ -91,6 +94,7 @@ class HalfPrecision:
                 if t is not None and is_floating(t.dtype):
                     t.data = t.data.astype(self.dtype)
 
+    # student: Module 17
     def forward_loss(self, model: Any, loss_fn: Any, inputs: Any, targets: Any) -> Tensor:
         """``loss_fn(model(inputs), targets)``: ``inputs`` cast to ``self.dtype`` first when it is
         a floating-point Tensor (other inputs, integer tensors or lists of ids, as they are); the

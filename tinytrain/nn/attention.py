@@ -36,6 +36,7 @@ class MaskedSoftmax(Function):
     a new array of the scores' dtype, and leaves ``scores`` as it was.
     """
 
+    # student: Module 14
     def forward(self, scores: Any, *, allowed: Any) -> Any:
         xp = self.xp
         if allowed is not None:
@@ -102,6 +103,7 @@ def use_flash_attention(enabled: bool = True) -> Iterator[None]:
         _flash_by_default = previous
 
 
+# student: Module 14
 def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn_mask: Any = None,
                                  dropout_p: float = 0.0, is_causal: bool = False, scale: float | None = None,
                                  flash: bool | None = None) -> Tensor:
@@ -160,6 +162,7 @@ class CausalSelfAttention(Module):
         self.c_proj = Linear(embed_dim, embed_dim, bias=bias)
         self.resid_dropout = Dropout(self.dropout)
 
+    # student: Module 14
     def forward(self, x: Tensor) -> Tensor:
         if x.ndim != 3 or x.shape[-1] != self.embed_dim:
             raise ValueError(f"{type(self).__name__} expects input of shape (B, T, {self.embed_dim}), got {x.shape}")

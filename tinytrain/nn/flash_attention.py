@@ -25,6 +25,7 @@ from tinytrain.tensor import Tensor
 BLOCK_SIZE = 128  # query rows and key columns per tile: (B, H, 128, 128) scores at a time
 
 
+# student: Module 17
 def online_softmax_update(top: Any, total: Any, acc: Any, scores: Any, values: Any, xp: Any) -> tuple[Any, Any, Any]:
     """One key tile of the online softmax, for a block of query rows.
 
@@ -83,6 +84,7 @@ class Tiles:
                 return  # causal: this tile and every later one lie above the diagonal
 
 
+# student: Module 17
 def flash_forward(query: Any, key: Any, value: Any, tiles: Tiles) -> tuple[Any, Any]:
     """Attention of ``query`` (..., L, E; already times the scale) over ``key`` (..., S, E) and
     ``value`` (..., S, Ev), tile by tile: ``(out, lse)``, ``out`` (..., L, Ev) the attention's
@@ -115,6 +117,7 @@ def flash_forward(query: Any, key: Any, value: Any, tiles: Tiles) -> tuple[Any, 
     return out, lse
 
 
+# student: Module 17
 def flash_backward(query: Any, key: Any, value: Any, out: Any, lse: Any, grad: Any,
                    tiles: Tiles) -> tuple[Any, Any, Any]:
     """The gradients ``(d_query, d_key, d_value)`` of :func:`flash_forward`'s ``out`` weighted by
