@@ -170,7 +170,8 @@ PRECISIONS = {
     "32-true": "float32 everywhere",
     "16-mixed": "float16 compute, float32 master weights, dynamic loss scaling",
     "bf16-mixed": "bfloat16 compute, float32 master weights, no loss scaling",
-    "16-true": "float16 weights, gradients and optimizer state; no master weights, no loss scaling",
+    "16-true": "float16 weights, gradients and optimizer state; no master weights, no loss scaling (Adam's "
+               "eps=1e-8 is 0 in float16)",
     "bf16-true": "bfloat16 weights, gradients and optimizer state; no master weights",
 }
 TRUE_PRECISIONS = {"16-true": np.dtype("float16"), "bf16-true": BFLOAT16}  # the dtype of everything
