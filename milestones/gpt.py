@@ -35,6 +35,7 @@ class Settings:
     n_embd: int = 128  # channels of every position's vector
     dropout: float = 0.0
     checkpointing: bool = False
+    flash: bool = False  # FlashAttention (Module 17): no (T, T) attention weights kept, so no dropout
     lr: float = 1e-3  # the schedule's peak
     min_lr: float = 1e-4  # where its cosine ends
     warmup: int = 100  # steps
@@ -48,7 +49,7 @@ class Settings:
     temperature: float = 0.8
     top_k: int = 40
     device: str = "cpu"
-    precision: str = "32-true"  # or 16-mixed
+    precision: str = "32-true"  # or 16-mixed, bf16-mixed, 16-true, bf16-true (Module 17; --help says each)
     strategy: str = "ddp"  # over MPI ranks: ddp with --distributed, or zero1, zero2, zero3 (Module 18), _offload
     seed: int = 0
     out: str = ""  # default runs/gpt-shakespeare
@@ -81,9 +82,10 @@ final_loader = tt.data.DataLoader(validation, batch_size=64, device=settings.dev
 # -- model -----------------------------------------------------------------------------------------------------------
 # (B, T) ids -> token and position embeddings (B, T, 128) -> n_layer blocks, each causal self-attention and an MLP,
 # (B, T, 128) -> LayerNorm -> lm_head, sharing the token embedding's weights -> (B, T, 65): a score per character
-# for the next position. --checkpointing recomputes each block's activations in backward instead of keeping them.
+# for the next position. --checkpointing recomputes each block's activations in backward instead of keeping them;
+# --flash computes attention tile by tile and keeps no (B, n_head, T, T) weights for backward.
 config = tt.nn.GPTConfig(tokenizer.vocab_size, settings.context, settings.n_layer, settings.n_head, settings.n_embd,
-                         dropout=settings.dropout, checkpointing=settings.checkpointing)
+                         dropout=settings.dropout, checkpointing=settings.checkpointing, flash=settings.flash)
 model = tt.nn.GPT(config).to(settings.device)
 
 
@@ -112,7 +114,7 @@ schedule = tt.CosineSchedule(max_lr=settings.lr, min_lr=settings.min_lr, total_e
 trainer = tt.Trainer(
     model, optimizer, language_model_loss, scheduler=schedule, scheduler_interval="step",
     grad_clip_norm=settings.clip_norm or None,  # a rare huge gradient is scaled down to this norm, not followed
-    precision=settings.precision,  # 16-mixed: float16 compute, float32 master weights, dynamic loss scaling
+    precision=settings.precision,  # e.g. 16-mixed: float16 compute, float32 master weights, loss scaling
     strategy=run.strategy,  # over MPI: gradients averaged before each step; ZeRO shards the state among the ranks
 )
 

@@ -35,7 +35,7 @@ def test_requirements_cover_the_notebooks_extra() -> None:
     import tomllib
 
     extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
-    required = _requirement_names(extras["notebooks"]) | {"numpy", "pytest", "ipywidgets"}
+    required = _requirement_names(extras["notebooks"]) | {"numpy", "ml-dtypes", "pytest", "ipywidgets"}
     listed = _requirement_names((BINDER / "requirements.txt").read_text().splitlines())
     assert required <= listed, f"binder/requirements.txt lacks {sorted(required - listed)}"
 

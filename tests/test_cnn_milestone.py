@@ -37,6 +37,17 @@ def test_cnn_milestone_quick_run_on_digits(tmp_path: Path) -> None:
     assert "test accuracy" in result.stdout
 
 
+def test_cnn_milestone_trains_in_bfloat16(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    result = subprocess.run([sys.executable, str(CNN), "--epochs", "1", "--warmup", "0", "--precision", "bf16-true",
+                             "--out", str(out)], capture_output=True, text=True, timeout=120)
+    assert result.returncode in (0, 1), result.stdout + result.stderr
+    summary = json.loads((out / "result.json").read_text())
+    assert summary["test_accuracy"] > 0.8, summary
+    weights = read_checkpoint(out / "checkpoints" / "epoch-0001.pkl")["model"]
+    assert {str(w.dtype) for name, w in weights.items() if "num_batches" not in name} == {"bfloat16"}
+
+
 def _random_images(image_shape: tuple[int, ...]):
     """A ``load_dataset`` that serves a few random images of ``image_shape`` with labels 0-9."""
     from tinytrain.datasets.images import ImageDataset

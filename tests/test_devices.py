@@ -38,6 +38,7 @@ import pytest
 import tinytrain as tt
 import tinytrain.nn.functional as F
 from tinytrain import autograd, nn, optim
+from tinytrain.nn.flash_attention import flash_attention
 from tinytrain.serialization import read_checkpoint
 from tinytrain.data import DataLoader, TensorDataset
 from tinytrain.testing.fake_cupy import forget_fake_gpu, register_fake_gpu
@@ -187,6 +188,9 @@ OPS = {
     "F_scaled_dot_product_attention_mask": (
         [normal(2, 3, 4), normal(2, 3, 4), normal(2, 3, 2)],
         lambda d, q, k, v: F.scaled_dot_product_attention(q, k, v, attn_mask=tt.tensor(ATTENTION_MASK, device=d))),
+    "F_scaled_dot_product_attention_flash": (  # FlashAttention: tiles of 2 that do not divide L=5, S=7
+        [normal(2, 5, 3), normal(2, 7, 3), normal(2, 7, 2)],
+        lambda d, q, k, v: flash_attention(q, k, v, is_causal=True, block_size=2)),
 }
 FUNCTIONAL_CASES = {  # every public name of tt.nn.functional -> the OPS cases that run it
     "relu": "F_activations", "sigmoid": "F_activations", "tanh": "F_activations", "gelu": "F_activations",

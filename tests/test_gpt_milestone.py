@@ -76,14 +76,19 @@ def test_stopped_and_resumed_run_ends_bit_identical_to_a_straight_one(tmp_path: 
     assert resumed_rows[0] == {**straight_rows[0], "seconds": resumed_rows[0]["seconds"]}
 
 
-@pytest.mark.parametrize("options", [("--precision", "16-mixed"), ("--checkpointing",),
-                                     ("--accumulation-steps", "2", "--batch-size", "2")])
+@pytest.mark.parametrize("options", [("--precision", "16-mixed"), ("--precision", "bf16-mixed"),
+                                     ("--precision", "bf16-true"), ("--checkpointing",),
+                                     ("--flash",), ("--accumulation-steps", "2", "--batch-size", "2")])
 def test_scale_options_train(tmp_path: Path, options: tuple[str, ...]) -> None:
     out = tmp_path / "run"
     result = run_gpt("--steps", "4", "--out", str(out), *options)
     assert result.returncode == 1, result.stdout + result.stderr
     summary = json.loads((out / "result.json").read_text())
     assert summary["steps_done"] == 4 and np.isfinite(summary["val_loss"])
+    if options == ("--precision", "bf16-true"):  # the weights themselves in bfloat16
+        assert {str(w.dtype) for w in last_checkpoint(out)["model"].values()} == {"bfloat16"}
+    if options == ("--flash",):
+        assert "flash = true" in (out / "settings.toml").read_text()
     if options == ("--checkpointing",):
         assert "checkpointing = true" in (out / "settings.toml").read_text()  # TOML's spelling, read back on resume
         resumed = subprocess.run([sys.executable, str(GPT), "--resume", "--out", str(out), "--steps", "6"],
@@ -91,10 +96,21 @@ def test_scale_options_train(tmp_path: Path, options: tuple[str, ...]) -> None:
         assert "step     6" in resumed.stdout, resumed.stderr
 
 
+def test_16_true_stops_when_adamw_divides_by_a_zero_eps(tmp_path: Path) -> None:
+    """AdamW's eps=1e-8 is 0 in float16: an update divided by a second moment that underflowed is infinite."""
+    result = run_gpt("--steps", "4", "--precision", "16-true", "--out", str(tmp_path / "run"))
+    assert result.returncode != 0
+    assert "steps in a row were skipped (non-finite loss or gradients)" in result.stderr, result.stderr
+
+
 def test_bad_settings_are_named(tmp_path: Path) -> None:
     result = run_gpt("--n-embd", "10", "--n-head", "4", "--out", str(tmp_path / "run"))
     assert result.returncode != 0
     assert "n_embd must be a multiple of n_head, got n_embd=10, n_head=4" in result.stderr
+    result = run_gpt("--precision", "fp8", "--flash", "--dropout", "0.1", "--out", str(tmp_path / "run"))
+    assert result.returncode != 0 and not (tmp_path / "run").exists()
+    assert "precision must be one of 32-true, 16-mixed, bf16-mixed, 16-true, bf16-true, got 'fp8'" in result.stderr
+    assert "dropout must be 0 with flash, got 0.1" in result.stderr
 
 
 def test_distributed_run_over_two_ranks(tmp_path: Path) -> None:

@@ -48,8 +48,11 @@ def test_16_mixed_on_the_cpu_says_it_is_slower_there(tmp_path: Path) -> None:
     """A 16-mixed CNN run takes 6 minutes where 32-true takes 6 seconds: the note says why."""
     mixed = run_mlp("--epochs", "1", "--warmup", "0", "--precision", "16-mixed", "--out", str(tmp_path / "mixed"))
     plain = run_mlp("--epochs", "1", "--warmup", "0", "--out", str(tmp_path / "plain"))
-    assert mixed.returncode in (0, 1) and plain.returncode in (0, 1), mixed.stderr + plain.stderr
-    assert "note: on 'cpu' NumPy multiplies float16 matrices without BLAS" in mixed.stdout
+    bf16 = run_mlp("--epochs", "1", "--warmup", "0", "--precision", "bf16-true", "--out", str(tmp_path / "bf16"))
+    for result in (mixed, plain, bf16):
+        assert result.returncode in (0, 1), result.stdout + result.stderr
+    assert "note: on 'cpu' NumPy multiplies float16 matrices without BLAS, so 16-mixed" in mixed.stdout
+    assert "note: on 'cpu' NumPy has no bfloat16 arithmetic: bf16-true computes in float32" in bf16.stdout
     assert "note:" not in plain.stdout
 
 
@@ -138,6 +141,13 @@ def test_zero_in_two_mpi_ranks_takes_data_parallels_steps_and_resumes_on_one_pro
               "--context", "8", "--sample-length", "5", "--out", str(tmp_path / "gpt"))
     assert gpt.returncode in (0, 1) and "validation loss" in gpt.stdout, gpt.stderr[-3000:]
     assert json.loads((tmp_path / "gpt" / "result.json").read_text())["steps_done"] == 4
+
+
+def test_an_unknown_precision_is_rejected_with_the_five_names(tmp_path: Path) -> None:
+    result = run_mlp("--precision", "bf16", "--out", str(tmp_path / "x"))
+    assert result.returncode != 0
+    assert "precision must be one of 32-true, 16-mixed, bf16-mixed, 16-true, bf16-true, got 'bf16'" in result.stderr
+    assert not (tmp_path / "x").exists()
 
 
 def test_a_failed_milestone_names_the_exported_modules_a_wrong_result_may_come_from(monkeypatch, capsys,

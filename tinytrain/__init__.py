@@ -27,7 +27,7 @@ _NAMES = {
     **{
         name: ("tensor", name)
         for name in (
-            "Tensor", "arange", "bool_", "concatenate", "float16", "float32", "float64", "int32", "int64",
+            "Tensor", "arange", "bfloat16", "bool_", "concatenate", "float16", "float32", "float64", "int32", "int64",
             "ones", "rand", "randn", "stack", "tensor", "where", "zeros",
         )
     },
@@ -47,7 +47,7 @@ _NAMES = {
 }
 _SUBMODULES = (
     "backend", "autograd", "ops", "nn", "optim", "data", "datasets", "callbacks", "serialization", "schedules", "training",
-    "amp", "distributed", "text", "profiler", "sharding",
+    "amp", "distributed", "text", "profiler", "precision", "sharding",
 )
 _NAMES.update({name: (name, None) for name in _SUBMODULES if name not in _NAMES})
 

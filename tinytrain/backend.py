@@ -11,9 +11,40 @@ import importlib
 import random
 from typing import Any, Callable
 
+import ml_dtypes
 import numpy as np
 
 DEFAULT_FLOAT = np.dtype("float32")
+# bfloat16 (Module 17): float32's sign and 8-bit exponent with 7 bits of mantissa, in 2 bytes. NumPy has
+# no such type; ml_dtypes adds it (importing ml_dtypes also makes np.dtype("bfloat16") work).
+BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
+
+
+def is_floating(dtype: np.dtype) -> bool:
+    """Whether ``dtype`` holds floating-point numbers: NumPy's own (kind ``"f"``) or bfloat16,
+    which ml_dtypes registers with NumPy as a kind of its own (``"V"``, like raw bytes)."""
+    return dtype.kind == "f" or dtype == BFLOAT16
+
+
+def sum_dtype(dtype: np.dtype) -> np.dtype | None:
+    """The ``dtype=`` to add up numbers of ``dtype`` in (``a.sum(dtype=...)``, ``a.mean(dtype=...)``):
+    float32 for bfloat16, whose own additions (ml_dtypes') round after every step -- 4,096 ones
+    sum to 256 -- and ``None`` (NumPy's choice) for every other dtype."""
+    return DEFAULT_FLOAT if dtype == BFLOAT16 else None
+
+
+def bfloat16_operands(a: Any, b: Any) -> tuple[Any, Any, np.dtype | None]:
+    """``(a, b, rounding)`` for a matrix product of the arrays ``a`` and ``b``.
+
+    NumPy has no bfloat16 matrix product: it widens bfloat16 operands to float32 and
+    returns float32. So when either operand is bfloat16, both come back rounded to
+    bfloat16 and ``rounding`` is bfloat16, the dtype to round the product to (a product
+    with a bfloat16 operand runs in bfloat16, as under PyTorch's autocast); otherwise
+    ``(a, b, None)``, unchanged.
+    """
+    if a.dtype == BFLOAT16 or b.dtype == BFLOAT16:
+        return a.astype(BFLOAT16, copy=False), b.astype(BFLOAT16, copy=False), BFLOAT16
+    return a, b, None
 
 
 def _is_basic(part: Any) -> bool:
@@ -80,6 +111,11 @@ class Backend:
         return self.xp.pad(array, pad_width, mode="constant", constant_values=value)
 
     # -- random numbers ------------------------------------------------------
+    def supports_dtype(self, dtype: Any) -> bool:
+        """Whether arrays of this device can hold ``dtype``. NumPy holds every dtype a tensor
+        can have; a GPU library may lack one (bfloat16), and a backend says so here."""
+        return True
+
     def seed(self, seed: int | None) -> None:
         """Restart this device's random generator from ``seed``."""
         self.rng = np.random.default_rng(seed)

@@ -20,7 +20,7 @@ from typing import Any, Iterable
 import numpy as np
 
 from tinytrain.arguments import check_int, check_number, check_type
-from tinytrain.backend import memory_order
+from tinytrain.backend import is_floating, memory_order
 from tinytrain.tensor import Tensor
 
 
@@ -225,7 +225,7 @@ class Optimizer:
             raise TypeError(f"the gradient of parameter {index} must be a Tensor, got {type(grad).__name__}")
         if grad.shape != param.shape:
             raise ValueError(f"parameter {index} has shape {param.shape} and a gradient of shape {grad.shape}")
-        if grad.dtype.kind != "f":
+        if not is_floating(grad.dtype):
             raise TypeError(f"the gradient of parameter {index} has dtype {grad.dtype}, expected floating point "
                             f"(the parameter's is {param.dtype})")
         if grad._backend is not param._backend:
@@ -341,7 +341,7 @@ class Optimizer:
                 state[key] = check_int(name, value, minimum=0)
                 continue
             check_type(name, value, np.ndarray, "a NumPy array of the parameter's shape")
-            if value.dtype.kind not in "iuf":
+            if value.dtype.kind not in "iu" and not is_floating(value.dtype):
                 raise TypeError(f"{name} holds {value.dtype} values, expected real numbers for a {param.dtype} "
                                 f"parameter")
             if value.shape != param.shape:

@@ -31,7 +31,7 @@ from typing import Any, BinaryIO, Callable
 
 import numpy as np
 
-from tinytrain.backend import backend_of_array, get_backend, loaded_backends
+from tinytrain.backend import BFLOAT16, backend_of_array, get_backend, loaded_backends
 from tinytrain.tensor import Tensor
 
 try:  # zlib-ng's CRC-32 is zlib's, bit for bit, at several times the speed (it uses the CPU's vector units)
@@ -183,7 +183,8 @@ class _ArrayInFile:
 
 
 def _numpy_globals() -> dict[tuple[str, str], Any]:
-    """The globals NumPy's array pickles name (both the NumPy 2 and NumPy 1 spellings)."""
+    """The globals NumPy's array pickles name (both the NumPy 2 and NumPy 1 spellings), and
+    ml_dtypes' bfloat16 type, which a bfloat16 array's dtype names."""
     try:
         from numpy._core import multiarray, numeric  # NumPy 2
     except ImportError:
@@ -201,6 +202,7 @@ def _numpy_globals() -> dict[tuple[str, str], Any]:
     for package in ("numpy._core", "numpy.core"):
         allowed[(f"{package}.multiarray", "_reconstruct")] = reconstruct
         allowed[(f"{package}.numeric", "_frombuffer")] = frombuffer
+    allowed[("ml_dtypes", "bfloat16")] = BFLOAT16.type  # a number type, like NumPy's: it builds nothing else
     return allowed
 
 

@@ -12,8 +12,9 @@ import numpy as np
 
 from tinytrain import autograd, ops
 from tinytrain.arguments import check_int
-from tinytrain.backend import DEFAULT_FLOAT, Backend, backend_of_array, get_backend
+from tinytrain.backend import BFLOAT16, DEFAULT_FLOAT, Backend, backend_of_array, get_backend, is_floating
 
+bfloat16 = BFLOAT16
 float16 = np.dtype("float16")
 float32 = np.dtype("float32")
 float64 = np.dtype("float64")
@@ -23,13 +24,14 @@ bool_ = np.dtype("bool")
 
 
 def tensor_dtype(dtype: Any) -> np.dtype:
-    """``dtype`` as a NumPy dtype, if a tensor can hold it (bool, integer or floating point).
+    """``dtype`` as a NumPy dtype, if a tensor can hold it (bool, integer or floating point,
+    bfloat16 included: ``"bfloat16"`` and ``tt.bfloat16`` name it).
 
     Every ``dtype=`` a user passes goes through here, so ``zeros(2, dtype="complex64")``
     raises ``TypeError`` naming the dtype, as ``Tensor`` of complex data does.
     """
     dtype = np.dtype(dtype)
-    if dtype.kind not in "biuf":
+    if dtype.kind not in "biu" and not is_floating(dtype):
         raise TypeError(f"a tensor holds bool, integer or floating-point numbers, not dtype={dtype}")
     return dtype
 
@@ -84,8 +86,9 @@ def _axis_arg(axis: int, ndim: int) -> int:
     return int(axis) % ndim
 
 
-# Kinds of dtype, lowest first: an operation mixing kinds computes in the highest one.
-_KIND_RANK = {"b": 0, "u": 1, "i": 1, "f": 2}
+# Kinds of dtype, lowest first: an operation mixing kinds computes in the highest one. "V" is
+# bfloat16's kind (a float: ``tensor_dtype`` admits no other dtype of kind "V").
+_KIND_RANK = {"b": 0, "u": 1, "i": 1, "f": 2, "V": 2}
 
 
 def _promoted(tensors: Sequence["Tensor"], true_division: bool = False) -> list["Tensor"]:
@@ -155,7 +158,7 @@ class Tensor:
 
     def requires_grad_(self, requires_grad: bool = True) -> "Tensor":
         """Switch gradient tracking on (or off) for this leaf; returns ``self``."""
-        if requires_grad and self.dtype.kind != "f":
+        if requires_grad and not is_floating(self.dtype):
             raise TypeError(f"only floating-point tensors can require gradients, got dtype {self.dtype}")
         self.requires_grad = requires_grad
         return self
@@ -269,7 +272,7 @@ class Tensor:
         if isinstance(other, (int, np.integer)):
             return _constant(other, self.dtype if self.dtype.kind != "b" else int64, self._backend)
         if isinstance(other, (float, np.floating)):
-            return _constant(other, self.dtype if self.dtype.kind == "f" else DEFAULT_FLOAT, self._backend)
+            return _constant(other, self.dtype if is_floating(self.dtype) else DEFAULT_FLOAT, self._backend)
         return Tensor(other, device=self._backend)
 
     def _operands(self, other: Any, true_division: bool = False) -> Sequence["Tensor"]:
@@ -415,7 +418,7 @@ class Tensor:
     def _floating(self) -> "Tensor":
         """Itself, or a ``DEFAULT_FLOAT`` copy of an integer or bool tensor: ``exp``, ``mean``
         and the like of integers are float32, as in PyTorch (NumPy makes them float64)."""
-        return self if self.data.dtype.kind == "f" else self.astype(DEFAULT_FLOAT)
+        return self if is_floating(self.data.dtype) else self.astype(DEFAULT_FLOAT)
 
     def exp(self) -> "Tensor":
         return ops.Exp.apply(self._floating())

@@ -19,6 +19,7 @@ import numpy as np
 
 from tinytrain.arguments import check_callable, check_int, check_methods, check_number, check_type
 from tinytrain.autograd import no_grad
+from tinytrain.backend import is_floating
 from tinytrain.resume import Resumable, callback_keys
 from tinytrain.tensor import Tensor
 
@@ -195,8 +196,10 @@ class Trainer(Resumable):
     ``"skip"`` drops a step whose loss or gradient norm is inf/nan and counts it,
     ``"raise"`` stops with ``FloatingPointError`` (the gradient norm is computed,
     and checked, only when clipping; without it the loss is checked).
-    ``precision``: ``"32-true"``, or ``"16-mixed"`` for float16 compute with float32
-    master weights and dynamic loss scaling (Module 13, :mod:`tinytrain.amp`).
+    ``precision``: one of Lightning's names, ``tinytrain.precision.PRECISIONS``:
+    ``"32-true"``; ``"16-mixed"`` for float16 compute with float32 master weights and
+    dynamic loss scaling (Module 13, :mod:`tinytrain.amp`); ``"bf16-mixed"``, ``"16-true"``
+    and ``"bf16-true"`` (Module 17, :mod:`tinytrain.precision`).
     ``strategy``: ``tinytrain.distributed.DataParallel()`` for data parallelism over MPI
     (Module 13), ``tinytrain.distributed.ZeRO(stage)`` to shard the optimizer, gradients and
     parameters over the ranks too (Module 18).
@@ -235,18 +238,26 @@ class Trainer(Resumable):
         self._loaders: dict[str, Any] = {}  # "train"/"val" -> loader, whose position checkpoints keep
         self._callbacks: tuple = ()
         self._pending: dict[str, dict] = {"loaders": {}, "callbacks": {}}  # from load_checkpoint, for the next fit
-        # Module 13: precision="16-mixed" (tinytrain.amp), strategy=DataParallel() (tinytrain.distributed)
-        self.precision, self.strategy, self._amp = precision, strategy, None
-        if precision != "32-true":
-            from tinytrain.amp import MixedPrecision
-            self._amp = MixedPrecision(precision)
+        # Modules 13 and 17: the precision's plugin (None for "32-true"; tinytrain.precision), and
+        # strategy=DataParallel() (tinytrain.distributed)
+        from tinytrain.precision import precision_plugin
+
+        self.precision, self.strategy = precision, strategy
+        self._amp = precision_plugin(precision)
         self._plugins = [plugin for plugin in (strategy, self._amp) if plugin is not None]
         for plugin in self._plugins:
             plugin.setup(self)
 
     # -- one epoch -------------------------------------------------------------------
     def _reduce(self, loss: Tensor) -> tuple[Tensor, bool]:
-        """``(loss, is_mean)``: a scalar loss, and whether it is a mean over the batch's samples."""
+        """``(loss, is_mean)``: a scalar loss, and whether it is a mean over the batch's samples.
+
+        A 2-byte loss (float16 or bfloat16: a model in ``precision="16-true"`` or ``"bf16-true"``,
+        Module 17) is widened to float32 first: the sums of losses over an epoch or an evaluation
+        would otherwise add up in 2 bytes, where 256 + 1 is 256.
+        """
+        if loss.dtype.itemsize < 4 and is_floating(loss.dtype):
+            loss = loss.astype(np.float32)
         reduction = _reduction(self.loss_fn)
         if reduction == "none":
             return loss.sum(), False

@@ -66,9 +66,40 @@ import importlib
 import random
 from typing import Any, Callable
 
+import ml_dtypes
 import numpy as np
 
 DEFAULT_FLOAT = np.dtype("float32")
+# bfloat16 (Module 17): float32's sign and 8-bit exponent with 7 bits of mantissa, in 2 bytes. NumPy has
+# no such type; ml_dtypes adds it (importing ml_dtypes also makes np.dtype("bfloat16") work).
+BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
+
+
+def is_floating(dtype: np.dtype) -> bool:
+    """Whether ``dtype`` holds floating-point numbers: NumPy's own (kind ``"f"``) or bfloat16,
+    which ml_dtypes registers with NumPy as a kind of its own (``"V"``, like raw bytes)."""
+    return dtype.kind == "f" or dtype == BFLOAT16
+
+
+def sum_dtype(dtype: np.dtype) -> np.dtype | None:
+    """The ``dtype=`` to add up numbers of ``dtype`` in (``a.sum(dtype=...)``, ``a.mean(dtype=...)``):
+    float32 for bfloat16, whose own additions (ml_dtypes') round after every step -- 4,096 ones
+    sum to 256 -- and ``None`` (NumPy's choice) for every other dtype."""
+    return DEFAULT_FLOAT if dtype == BFLOAT16 else None
+
+
+def bfloat16_operands(a: Any, b: Any) -> tuple[Any, Any, np.dtype | None]:
+    """``(a, b, rounding)`` for a matrix product of the arrays ``a`` and ``b``.
+
+    NumPy has no bfloat16 matrix product: it widens bfloat16 operands to float32 and
+    returns float32. So when either operand is bfloat16, both come back rounded to
+    bfloat16 and ``rounding`` is bfloat16, the dtype to round the product to (a product
+    with a bfloat16 operand runs in bfloat16, as under PyTorch's autocast); otherwise
+    ``(a, b, None)``, unchanged.
+    """
+    if a.dtype == BFLOAT16 or b.dtype == BFLOAT16:
+        return a.astype(BFLOAT16, copy=False), b.astype(BFLOAT16, copy=False), BFLOAT16
+    return a, b, None
 
 
 def _is_basic(part: Any) -> bool:
@@ -135,6 +166,11 @@ class Backend:
         return self.xp.pad(array, pad_width, mode="constant", constant_values=value)
 
     # -- random numbers ------------------------------------------------------
+    def supports_dtype(self, dtype: Any) -> bool:
+        """Whether arrays of this device can hold ``dtype``. NumPy holds every dtype a tensor
+        can have; a GPU library may lack one (bfloat16), and a backend says so here."""
+        return True
+
     def seed(self, seed: int | None) -> None:
         """Restart this device's random generator from ``seed``."""
         self.rng = np.random.default_rng(seed)
@@ -436,6 +472,11 @@ for bad in (lambda: check_int("shape[0]", 2.5),
 # because class labels and indices must not silently turn into floats. Booleans
 # stay booleans. An explicit `dtype=` always wins, if it is one of these kinds:
 # the given `tensor_dtype` refuses any other (`complex64`, strings) with a `TypeError`.
+# One floating-point dtype is not NumPy's own: **bfloat16** (`tt.bfloat16`,
+# `dtype="bfloat16"`: 2 bytes, float32's range with less precision; Module 17),
+# which the `ml_dtypes` package adds to NumPy. Ask for it with `dtype=` (from
+# float data or a tensor). NumPy files it under a kind of its own (`"V"`), so
+# the given code asks `is_floating(dtype)` where it means "a float".
 #
 # | input                         | dtype     |
 # |-------------------------------|-----------|
@@ -457,8 +498,9 @@ import numpy as np
 
 from tinytrain import autograd, ops
 from tinytrain.arguments import check_int
-from tinytrain.backend import DEFAULT_FLOAT, Backend, backend_of_array, get_backend
+from tinytrain.backend import BFLOAT16, DEFAULT_FLOAT, Backend, backend_of_array, get_backend, is_floating
 
+bfloat16 = BFLOAT16
 float16 = np.dtype("float16")
 float32 = np.dtype("float32")
 float64 = np.dtype("float64")
@@ -468,13 +510,14 @@ bool_ = np.dtype("bool")
 
 
 def tensor_dtype(dtype: Any) -> np.dtype:
-    """``dtype`` as a NumPy dtype, if a tensor can hold it (bool, integer or floating point).
+    """``dtype`` as a NumPy dtype, if a tensor can hold it (bool, integer or floating point,
+    bfloat16 included: ``"bfloat16"`` and ``tt.bfloat16`` name it).
 
     Every ``dtype=`` a user passes goes through here, so ``zeros(2, dtype="complex64")``
     raises ``TypeError`` naming the dtype, as ``Tensor`` of complex data does.
     """
     dtype = np.dtype(dtype)
-    if dtype.kind not in "biuf":
+    if dtype.kind not in "biu" and not is_floating(dtype):
         raise TypeError(f"a tensor holds bool, integer or floating-point numbers, not dtype={dtype}")
     return dtype
 
@@ -565,8 +608,9 @@ def _axis_arg(axis: int, ndim: int) -> int:
     return int(axis) % ndim
 
 
-# Kinds of dtype, lowest first: an operation mixing kinds computes in the highest one.
-_KIND_RANK = {"b": 0, "u": 1, "i": 1, "f": 2}
+# Kinds of dtype, lowest first: an operation mixing kinds computes in the highest one. "V" is
+# bfloat16's kind (a float: ``tensor_dtype`` admits no other dtype of kind "V").
+_KIND_RANK = {"b": 0, "u": 1, "i": 1, "f": 2, "V": 2}
 
 
 def _promoted(tensors: Sequence["Tensor"], true_division: bool = False) -> list["Tensor"]:
@@ -636,7 +680,7 @@ class Tensor:
 
     def requires_grad_(self, requires_grad: bool = True) -> "Tensor":
         """Switch gradient tracking on (or off) for this leaf; returns ``self``."""
-        if requires_grad and self.dtype.kind != "f":
+        if requires_grad and not is_floating(self.dtype):
             raise TypeError(f"only floating-point tensors can require gradients, got dtype {self.dtype}")
         self.requires_grad = requires_grad
         return self
@@ -750,7 +794,7 @@ class Tensor:
         if isinstance(other, (int, np.integer)):
             return _constant(other, self.dtype if self.dtype.kind != "b" else int64, self._backend)
         if isinstance(other, (float, np.floating)):
-            return _constant(other, self.dtype if self.dtype.kind == "f" else DEFAULT_FLOAT, self._backend)
+            return _constant(other, self.dtype if is_floating(self.dtype) else DEFAULT_FLOAT, self._backend)
         return Tensor(other, device=self._backend)
 
     def _operands(self, other: Any, true_division: bool = False) -> Sequence["Tensor"]:
@@ -896,7 +940,7 @@ class Tensor:
     def _floating(self) -> "Tensor":
         """Itself, or a ``DEFAULT_FLOAT`` copy of an integer or bool tensor: ``exp``, ``mean``
         and the like of integers are float32, as in PyTorch (NumPy makes them float64)."""
-        return self if self.data.dtype.kind == "f" else self.astype(DEFAULT_FLOAT)
+        return self if is_floating(self.data.dtype) else self.astype(DEFAULT_FLOAT)
 
     def exp(self) -> "Tensor":
         return ops.Exp.apply(self._floating())

@@ -280,6 +280,7 @@ so the same code runs on every device.
 from typing import Any
 
 from tinytrain.autograd import Function, sum_to_shape
+from tinytrain.backend import bfloat16_operands, sum_dtype
 
 
 class Add(Function):
@@ -396,8 +397,10 @@ class MatMul(Function):
         inner_b = b.shape[0] if b.ndim == 1 else b.shape[-2]
         if a.ndim == 0 or b.ndim == 0 or a.shape[-1] != inner_b:
             raise ValueError(f"matmul needs a.shape[-1] == b.shape[-2], got {a.shape} @ {b.shape}")
+        a, b, rounding = bfloat16_operands(a, b)  # a bfloat16 operand: the product runs in bfloat16 (Module 17)
         self.a, self.b = a, b
-        return a @ b
+        out = a @ b
+        return out if rounding is None else out.astype(rounding)
 
     def backward(self, grad: Any) -> tuple:
         ### BEGIN SOLUTION
@@ -438,7 +441,9 @@ def _expand_reduced(xp: Any, grad: Any, axis: tuple[int, ...] | None, keepdims: 
 class Sum(Function):
     def forward(self, a: Any, axis: tuple[int, ...] | None, keepdims: bool) -> Any:
         self.shape, self.axis, self.keepdims = a.shape, axis, keepdims
-        return a.sum(axis=axis, keepdims=keepdims)
+        added_in = sum_dtype(a.dtype)  # float32 for bfloat16 (Module 17), then rounded back
+        out = a.sum(axis=axis, keepdims=keepdims, dtype=added_in)
+        return out if added_in is None else out.astype(a.dtype)
 
     def backward(self, grad: Any) -> tuple:
         grad = _expand_reduced(self.xp, grad, self.axis, self.keepdims)
@@ -448,9 +453,10 @@ class Sum(Function):
 class Mean(Function):
     def forward(self, a: Any, axis: tuple[int, ...] | None, keepdims: bool) -> Any:
         self.shape, self.axis, self.keepdims = a.shape, axis, keepdims
-        out = a.mean(axis=axis, keepdims=keepdims)
+        added_in = sum_dtype(a.dtype)
+        out = a.mean(axis=axis, keepdims=keepdims, dtype=added_in)
         self.count = a.size // max(out.size, 1)
-        return out
+        return out if added_in is None else out.astype(a.dtype)
 
     def backward(self, grad: Any) -> tuple:
         grad = _expand_reduced(self.xp, grad, self.axis, self.keepdims) / self.count

@@ -176,6 +176,7 @@ import numpy as np
 
 from tinytrain.arguments import check_int, check_number, check_type
 from tinytrain.autograd import Function
+from tinytrain.backend import sum_dtype
 from tinytrain.nn.module import Module, Parameter
 from tinytrain.tensor import Tensor, ones, tensor, zeros
 
@@ -205,10 +206,12 @@ class Normalize(Function):
 
 def normalize(x: Tensor, axes: tuple[int, ...], eps: float = 1e-5) -> tuple[Tensor, Any, Any]:
     """``(x_hat, mean, var)``: ``x`` standardised over ``axes``, and its mean and biased
-    variance over ``axes`` as arrays with kept dimensions (outside the graph)."""
-    mean = x.data.mean(axis=axes, keepdims=True)
+    variance over ``axes`` as arrays with kept dimensions (outside the graph); those of a
+    bfloat16 ``x`` are float32 (``sum_dtype``: bfloat16 additions round at every step)."""
+    added_in = sum_dtype(x.dtype)
+    mean = x.data.mean(axis=axes, keepdims=True, dtype=added_in)
     centered = x.data - mean
-    var = (centered * centered).mean(axis=axes, keepdims=True)
+    var = (centered * centered).mean(axis=axes, keepdims=True, dtype=added_in)
     return Normalize.apply(x, mean=mean, var=var, axes=axes, eps=eps), mean, var
 
 

@@ -69,6 +69,7 @@ from typing import Any
 import numpy as np
 
 from tinytrain.autograd import Function
+from tinytrain.backend import sum_dtype
 from tinytrain.nn.module import Module
 from tinytrain.tensor import Tensor
 
@@ -92,12 +93,15 @@ def _reduce(losses: Tensor, reduction: str) -> Tensor:
 
 
 def _reduce_array(losses: Any, reduction: str) -> Any:
-    """Reduce an array of per-sample losses (inside a Function's forward)."""
+    """Reduce an array of per-sample losses (inside a Function's forward), in their dtype (a
+    bfloat16 sum adds up in float32, ``sum_dtype``, and is rounded once)."""
+    if reduction == "none":
+        return losses
+    added_in = sum_dtype(losses.dtype)
+    total = losses.sum(dtype=added_in)
     if reduction == "mean":
-        return losses.sum() / losses.size  # what .mean() computes, without its Python-level wrapper
-    if reduction == "sum":
-        return losses.sum()
-    return losses
+        total = total / losses.size  # what .mean() computes, without its Python-level wrapper
+    return total if added_in is None else total.astype(losses.dtype)
 
 
 def _unreduce(grad: Any, reduction: str, count: int) -> Any:

@@ -220,6 +220,7 @@ from typing import Any
 import numpy as np
 
 from tinytrain.autograd import Function
+from tinytrain.backend import BFLOAT16, DEFAULT_FLOAT
 from tinytrain.kernels import convolution
 from tinytrain.kernels.parts import cache_sized_parts
 from tinytrain.nn.layers import _uniform_parameter, check_floating_input
@@ -494,6 +495,11 @@ def conv2d(x: Tensor, weight: Tensor, bias: Tensor | None = None, stride: Any = 
         bias = b
     stride, padding = _pair(stride, "stride"), _pair(padding, "padding", minimum=0)
     check_floating_input("conv2d", x)
+    if isinstance(weight, Tensor) and BFLOAT16 in (x.dtype, weight.dtype):
+        # NumPy has no bfloat16 product (Module 17): a convolution with a bfloat16 operand runs on the
+        # operands rounded to bfloat16 and widened to float32, and its result is rounded to bfloat16
+        x, weight = (t.astype(BFLOAT16).astype(DEFAULT_FLOAT) for t in (x, weight))
+        return conv2d(x, weight, bias, stride, padding).astype(BFLOAT16)
     ### BEGIN SOLUTION
     if x.ndim != 4:
         raise ValueError(f"conv2d expects input of shape (N, C, H, W), got {x.shape}")

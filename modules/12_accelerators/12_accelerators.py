@@ -670,6 +670,7 @@ class CupyBackend(Backend):
                 "CUDA_VISIBLE_DEVICES decides which GPUs a process sees"
             )
         self._cupy, self._cupyx = cupy, cupyx
+        self._dtypes: dict[np.dtype, bool] = {}  # supports_dtype's answers
         self._runtime = cupy.cuda.runtime
         self._gpu = cupy.cuda.Device(self.index)
         with self._gpu:  # a cuRAND generator lives on the device current when it is made
@@ -695,6 +696,19 @@ class CupyBackend(Backend):
     def asarray(self, data: Any, dtype: Any = None) -> Any:
         self.make_current()
         return self._cupy.asarray(data, dtype=dtype)
+
+    def supports_dtype(self, dtype: Any) -> bool:
+        """Whether this CuPy holds ``dtype``: CuPy without bfloat16 support refuses ml_dtypes'
+        bfloat16 (``ValueError: Unsupported dtype``); asked of CuPy once per dtype."""
+        dtype = np.dtype(dtype)
+        if dtype not in self._dtypes:
+            self.make_current()
+            try:
+                self._cupy.zeros(0, dtype=dtype)
+                self._dtypes[dtype] = True
+            except (TypeError, ValueError):  # CuPy's two ways of refusing a dtype it cannot hold
+                self._dtypes[dtype] = False
+        return self._dtypes[dtype]
 
     def from_host(self, array: np.ndarray) -> Any:
         """A copy of the NumPy ``array`` on this GPU, with its dtype: make this GPU current

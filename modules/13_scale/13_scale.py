@@ -344,18 +344,32 @@ scale halved) when a gradient overflowed; after ``growth_interval`` clean steps
 in a row the scale doubles. :class:`MixedPrecision` is what
 ``Trainer(precision="16-mixed")`` uses: it casts the weights to float16 copies
 for the forward and backward, and back to the float32 masters for the step.
+``"bf16-mixed"`` (Module 17) is the same with bfloat16 copies and no loss scale.
 """
 from typing import Any, Iterable
 
 import numpy as np
 
 from tinytrain.autograd import Function
+from tinytrain.backend import BFLOAT16, is_floating
 from tinytrain.tensor import Tensor
 
-PRECISIONS = ("32-true", "16-mixed")
+# The compute dtype of each mixed precision (Lightning's names); the master weights stay float32.
+MIXED_PRECISIONS = {"16-mixed": np.dtype("float16"), "bf16-mixed": BFLOAT16}
 # Below float16's smallest step (2**-24) the scaled gradients are zero or still overflow: the run
 # is dead, and halving on would reach 0.0 (then 1 / scale fails) after about 1,100 more steps.
 MIN_LOSS_SCALE = 2.0 ** -24
+
+
+def require_dtype(model: Any, dtype: np.dtype, precision: str) -> None:
+    """``RuntimeError`` unless every device holding ``model``'s parameters can hold ``dtype``
+    (a CuPy without bfloat16 cannot): a precision that cannot be had stops, rather than
+    run in float32 unnoticed."""
+    devices = {p._backend.device: p._backend for p in model.parameters()}
+    lacking = [device for device, backend in devices.items() if not backend.supports_dtype(dtype)]
+    if lacking:
+        raise RuntimeError(f"precision={precision!r} computes in {dtype}, which device {', '.join(lacking)} cannot "
+                           f"hold (its array library has no {dtype}); choose another precision there")
 
 
 class GradScaler:
@@ -459,6 +473,9 @@ class ScaleGrad(Function):
 class MixedPrecision:
     """The Trainer's ``precision="16-mixed"``: float16 compute copies of the weights,
     float32 master weights, gradients and optimizer state, dynamic loss scaling.
+    ``precision="bf16-mixed"`` (Module 17) computes in bfloat16 instead and has no
+    ``scaler``: bfloat16 has float32's exponent range, so no gradient underflows
+    that would not in float32.
 
     It plugs into the Trainer's two extension points (Module 09): the Trainer's
     ``_batch_loss`` calls :meth:`forward_loss` for every training batch, and its
@@ -479,17 +496,20 @@ class MixedPrecision:
 
     name = "precision"
 
-    def __init__(self, precision: str = "16-mixed", scaler: GradScaler | None = None,
-                 compute_dtype: Any = "float16") -> None:
-        if precision != "16-mixed":
-            raise ValueError(f"precision must be one of {', '.join(map(repr, PRECISIONS))}, got {precision!r}")
+    def __init__(self, precision: str = "16-mixed", scaler: GradScaler | None = None) -> None:
+        if precision not in MIXED_PRECISIONS:
+            raise ValueError(f"MixedPrecision runs precision={' or '.join(map(repr, MIXED_PRECISIONS))}, "
+                             f"got {precision!r}")
+        if scaler is not None and precision != "16-mixed":
+            raise ValueError(f"precision={precision!r} scales no loss (bfloat16 does not underflow where float32 "
+                             f"does not), got scaler={scaler!r}")
         self.precision = precision
-        self.scaler = GradScaler() if scaler is None else scaler
-        self.compute_dtype = np.dtype(compute_dtype)
+        self.compute_dtype = MIXED_PRECISIONS[precision]
+        self.scaler = (GradScaler() if scaler is None else scaler) if precision == "16-mixed" else None
         self._masters: list | None = None  # [(parameter, float32 data)] while the copies are in place
 
     def setup(self, trainer: Any) -> None:
-        pass
+        require_dtype(trainer.model, self.compute_dtype, self.precision)
 
     def _to_compute(self, model: Any) -> None:
         self._masters = [(p, p.data) for p in model.parameters() if p.dtype == np.float32]
@@ -502,32 +522,38 @@ class MixedPrecision:
         self._masters = None
 
     def forward_loss(self, model: Any, loss_fn: Any, inputs: Any, targets: Any) -> Tensor:
-        """``loss_fn(model(inputs), targets)`` computed in float16, the loss in float32,
-        its gradient scaled."""
+        """``loss_fn(model(inputs), targets)`` computed in the compute dtype, the loss in float32,
+        its gradient scaled (16-mixed)."""
         if self._masters is None:
             self._to_compute(model)
-        if isinstance(inputs, Tensor) and inputs.dtype.kind == "f":
+        if isinstance(inputs, Tensor) and is_floating(inputs.dtype):
             inputs = inputs.astype(self.compute_dtype)
         outputs = model(inputs)
-        if isinstance(outputs, Tensor) and outputs.dtype.kind == "f":
+        if isinstance(outputs, Tensor) and is_floating(outputs.dtype):
             outputs = outputs.astype(np.float32)  # softmax and logs in float32
-        return ScaleGrad.apply(loss_fn(outputs, targets), scale=self.scaler.scale)
+        loss = loss_fn(outputs, targets)
+        return loss if self.scaler is None else ScaleGrad.apply(loss, scale=self.scaler.scale)
 
     def before_step(self, parameters: list[Tensor], loss: float) -> bool:
         """Masters back, gradients unscaled into float32; False (skip) on overflow."""
         self.restore_masters()
+        if self.scaler is None:  # bf16-mixed: no scale to undo and no overflow to skip; the Trainer checks the loss
+            for p in parameters:
+                if p.grad is not None:
+                    p.grad = Tensor._make(p.grad.data.astype(p.dtype), p.grad._backend)
+            return True
         found_inf = self.scaler.unscale_(parameters)
         self.update_scale(found_inf)
         return not found_inf
 
     def restore_masters(self) -> None:
-        """Put the float32 masters back into the parameters that :meth:`forward_loss` gave float16
+        """Put the float32 masters back into the parameters that :meth:`forward_loss` gave low-precision
         copies; a step none of whose batches went through :meth:`forward_loss` raises."""
         if self._masters is None:
             raise RuntimeError(
-                "precision='16-mixed': no batch of this step was computed in float16. The Trainer's "
-                "_accumulate must get every batch's loss from self._batch_loss(inputs, targets) (Module 09), "
-                "where mixed precision casts the weights and inputs; this one computed the loss another way"
+                f"precision={self.precision!r}: no batch of this step was computed in {self.compute_dtype}. The "
+                "Trainer's _accumulate must get every batch's loss from self._batch_loss(inputs, targets) (Module "
+                "09), where mixed precision casts the weights and inputs; this one computed the loss another way"
             )
         self._to_master()
 
@@ -543,10 +569,12 @@ class MixedPrecision:
             )
 
     def state_dict(self) -> dict:
-        return {"precision": self.precision, "scaler": self.scaler.state_dict()}
+        return {"precision": self.precision, "scaler": None if self.scaler is None else self.scaler.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
-        self.scaler.load_state_dict(state["scaler"])
+        """The saved loss scale, when both this run and the saved one scale the loss (16-mixed)."""
+        if self.scaler is not None and state.get("scaler") is not None:
+            self.scaler.load_state_dict(state["scaler"])
 
 
 # %% check=2

@@ -74,6 +74,7 @@ from tinytrain import Tensor
 returns the logits, or ``(logits, loss)`` with targets; ``GPT.generate`` samples with a
 temperature and top-k, using a ``KVCache`` so each new token costs one position's work.
 """
+import contextlib
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -82,7 +83,7 @@ import numpy as np
 
 from tinytrain.arguments import check_int, check_number, check_type
 from tinytrain.autograd import no_grad
-from tinytrain.nn.attention import CausalSelfAttention, scaled_dot_product_attention
+from tinytrain.nn.attention import CausalSelfAttention, scaled_dot_product_attention, use_flash_attention
 from tinytrain.nn.checkpointing import checkpoint
 from tinytrain.nn.dropout import Dropout
 from tinytrain.nn.embedding import Embedding, LearnedPositionalEncoding
@@ -98,7 +99,9 @@ class GPTConfig:
     """The sizes of a GPT (nanoGPT's names): ``vocab_size`` token ids, at most ``block_size``
     positions, ``n_layer`` blocks of ``n_head`` heads over ``n_embd`` channels (a multiple of
     ``n_head``); ``dropout`` everywhere nanoGPT has it; ``bias`` in the Linear layers;
-    ``checkpointing``: recompute each block's activations in backward instead of keeping them."""
+    ``checkpointing``: recompute each block's activations in backward instead of keeping them;
+    ``flash``: attention by FlashAttention (Module 17), which keeps no (T, T) weights and has no
+    dropout on them, so it needs ``dropout=0``."""
     vocab_size: int
     block_size: int
     n_layer: int
@@ -107,6 +110,7 @@ class GPTConfig:
     dropout: float = 0.0
     bias: bool = True
     checkpointing: bool = False
+    flash: bool = False
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"):
@@ -114,6 +118,10 @@ class GPTConfig:
         if self.n_embd % self.n_head:
             raise ValueError(f"GPTConfig: n_embd={self.n_embd} must be divisible by n_head={self.n_head}")
         check_number("dropout", self.dropout, minimum=0, below=1)
+        check_type("flash", self.flash, bool, "True or False")
+        if self.flash and self.dropout:
+            raise ValueError(f"GPTConfig: flash=True has no dropout on the attention weights; got "
+                             f"dropout={self.dropout} (use dropout=0 with flash attention)")
 
 
 class MLP(Module):
@@ -141,7 +149,8 @@ class Block(Module):
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
         self.ln_1 = LayerNorm(config.n_embd)
-        self.attn = CachedSelfAttention(config.n_embd, config.n_head, bias=config.bias, dropout=config.dropout)
+        self.attn = CachedSelfAttention(config.n_embd, config.n_head, bias=config.bias, dropout=config.dropout,
+                                        flash=config.flash)
         self.ln_2 = LayerNorm(config.n_embd)
         self.mlp = MLP(config)
 
@@ -197,11 +206,25 @@ class CachedSelfAttention(CausalSelfAttention):
     (axis 2 of (B, H, S, D)), and stored back in ``cache.k`` / ``cache.v``; the T queries
     attend all S+T keys with ``scaled_dot_product_attention(..., is_causal=True)`` (query i
     is position S+i and sees keys 0 .. S+i); the heads are merged and go through ``c_proj``.
+    ``flash=True`` runs the attention without a cache through FlashAttention (Module 17):
+    the layer's forward -- a checkpoint's recompute too -- is inside ``use_flash_attention()``.
     """
+
+    def __init__(self, embed_dim: int, num_heads: int, bias: bool = True, dropout: float = 0.0,
+                 flash: bool = False) -> None:
+        super().__init__(embed_dim, num_heads, bias=bias, dropout=dropout)
+        self.flash = check_type("flash", flash, bool, "True or False")
+        if flash and self.dropout:
+            raise ValueError(f"{type(self).__name__}: flash=True has no dropout on the attention weights; got "
+                             f"dropout={self.dropout}")
+
+    def extra_repr(self) -> str:
+        return super().extra_repr() + (", flash=True" if self.flash else "")
 
     def forward(self, x: Tensor, cache: LayerCache | None = None) -> Tensor:
         if cache is None:
-            return super().forward(x)
+            with use_flash_attention() if self.flash else contextlib.nullcontext():
+                return super().forward(x)
         if x.ndim != 3 or x.shape[-1] != self.embed_dim:
             raise ValueError(f"{type(self).__name__} expects input of shape (B, T, {self.embed_dim}), got {x.shape}")
         if cache.k is not None and cache.k.shape[0] != x.shape[0]:

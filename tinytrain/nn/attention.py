@@ -3,13 +3,17 @@
 """Attention: ``MaskedSoftmax``, ``scaled_dot_product_attention`` and ``CausalSelfAttention``.
 
 ``scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0,
-is_causal=False, scale=None)`` computes ``softmax(query @ key^T * scale) @ value``
+is_causal=False, scale=None, flash=None)`` computes ``softmax(query @ key^T * scale) @ value``
 with PyTorch's arguments; masked scores get weight 0, and a query that may attend
-no key gets an output of 0 (never nan). ``CausalSelfAttention`` is GPT-2's
+no key gets an output of 0 (never nan). ``flash=True`` (or, with ``flash=None``, a call
+inside ``with use_flash_attention():``) computes the same tile by tile without keeping
+the (L, S) weights (FlashAttention, Module 17). ``CausalSelfAttention`` is GPT-2's
 multi-head self-attention layer, with nanoGPT's names (``c_attn``, ``c_proj``).
 """
+import contextlib
+import importlib
 import math
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 
@@ -83,9 +87,26 @@ def _attention_mask(query: Tensor, key: Tensor, value: Tensor, attn_mask: Any, i
     return mask.data
 
 
+_flash_by_default = False  # what flash=None means: use_flash_attention() sets it
+
+
+@contextlib.contextmanager
+def use_flash_attention(enabled: bool = True) -> Iterator[None]:
+    """Inside, ``scaled_dot_product_attention(..., flash=None)`` -- every call that does not
+    say -- runs as ``flash=enabled`` (Module 17), as ``torch.nn.attention.sdpa_kernel``
+    picks PyTorch's kernel for the calls inside it. Restores the previous setting on exit."""
+    global _flash_by_default
+    previous, _flash_by_default = _flash_by_default, bool(enabled)
+    try:
+        yield
+    finally:
+        _flash_by_default = previous
+
+
 # student: Module 14
 def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn_mask: Any = None,
-                                 dropout_p: float = 0.0, is_causal: bool = False, scale: float | None = None) -> Tensor:
+                                 dropout_p: float = 0.0, is_causal: bool = False, scale: float | None = None,
+                                 flash: bool | None = None) -> Tensor:
     """``softmax(query @ key^T * scale) @ value`` over the last two axes, with masked scores left out.
 
     ``query`` (..., L, E), ``key`` (..., S, E), ``value`` (..., S, Ev) -> (..., L, Ev); the
@@ -96,7 +117,13 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn
     last L of S positions; the lower triangle when L == S); not with ``attn_mask``.
     The weights go through ``MaskedSoftmax`` (a query that may attend nothing gets
     an output of 0), then, when ``dropout_p > 0``, through ``dropout(weights, dropout_p)``.
+    ``flash=True`` hands the call to Module 17's FlashAttention (same result, memory
+    linear in L and S); ``None`` means False, except inside ``use_flash_attention()``.
     """
+    if _flash_by_default if flash is None else flash:
+        # Module 17's file imports this one, so it is loaded by name when first asked for (as backends are)
+        flash_attention = importlib.import_module("tinytrain.nn.flash_attention").flash_attention
+        return flash_attention(query, key, value, attn_mask, dropout_p, is_causal, scale)
     allowed = _attention_mask(query, key, value, attn_mask, is_causal)
     if scale is not None:
         scale = check_number("scale", scale)

@@ -14,7 +14,7 @@ import numpy as np
 
 from tinytrain.arguments import check_int, check_type
 from tinytrain.autograd import Function
-from tinytrain.backend import get_backend
+from tinytrain.backend import bfloat16_operands, get_backend, is_floating
 from tinytrain.nn.activations import gelu, log_softmax, softmax
 from tinytrain.nn.module import Module, Parameter
 from tinytrain.tensor import Tensor
@@ -24,8 +24,11 @@ class LinearFunction(Function):
     """``x @ weight.T + bias`` for ``x`` of shape ``(..., in)`` and ``weight`` of shape ``(out, in)``."""
 
     def forward(self, x: Any, weight: Any, bias: Any = None) -> Any:
+        x, weight, rounding = bfloat16_operands(x, weight)  # a bfloat16 operand: a bfloat16 product (Module 17)
         self.x, self.weight = x, weight
         out = x @ weight.T  # BLAS reads the transposed view directly: no copy
+        if rounding is not None:
+            out = out.astype(rounding)
         if bias is not None:
             out += bias  # in place: `out` is a fresh array
         return out
@@ -56,7 +59,7 @@ class LinearFunction(Function):
 def check_floating_input(operation: str, x: Tensor) -> None:
     """TypeError naming ``x``'s dtype and shape unless it holds floats: NumPy would quietly make
     an integer input times a float32 weight a float64 product, and so every later layer."""
-    if x.dtype.kind not in "fc":
+    if x.dtype.kind != "c" and not is_floating(x.dtype):
         raise TypeError(f"{operation}: expected a floating-point input, got {x.dtype} of shape {x.shape}; convert it "
                         f"with x.astype('float32')")
 

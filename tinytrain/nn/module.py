@@ -12,7 +12,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from tinytrain.arguments import check_type
-from tinytrain.backend import get_backend
+from tinytrain.backend import get_backend, is_floating
 from tinytrain.tensor import Tensor
 
 
@@ -58,7 +58,8 @@ def _loadable(module: "Module", state: Any, own: dict[str, Tensor]) -> dict[str,
             except (TypeError, ValueError) as error:  # a ragged list
                 problems.append(f"{name} holds a {type(value).__name__} that is not an array ({error})")
                 continue
-        if value.dtype.kind not in "biuf" or not np.can_cast(value.dtype, tensor.dtype, "same_kind"):
+        numbers = value.dtype.kind in "biu" or is_floating(value.dtype)
+        if not numbers or not np.can_cast(value.dtype, tensor.dtype, "same_kind"):
             problems.append(f"{name} holds {value.dtype} values of shape {tuple(value.shape)}, "
                             f"expected numbers for a {tensor.dtype} tensor of shape {tensor.shape}")
     if problems:
@@ -257,16 +258,17 @@ class Module:
         The tensor objects stay the same, so an optimizer built on ``parameters()``
         before the move keeps working, and every array keeps its memory order
         (``Linear``'s column-major weight stays column-major). ``dtype`` applies to
-        floating-point tensors only; without it no dtype changes. An unknown ``dtype``,
+        floating-point tensors only (``is_floating(t.dtype)``, which counts bfloat16 in);
+        without it no dtype changes. An unknown ``dtype``,
         or one that is not floating point (``"int32"``, ``"bool"``, complex: PyTorch takes
         complex ones, tinytrain has none), raises ``TypeError`` naming it before anything
         moves (the given first lines, which also make ``dtype`` a NumPy dtype).
         """
         if dtype is not None:
             dtype = np.dtype(dtype)  # TypeError for an unknown dtype
-            if dtype.kind != "f":
-                raise TypeError(f"{type(self).__name__}.to: dtype must be a floating-point dtype (float16, float32 "
-                                f"or float64), got dtype={dtype}; a module's parameters stay floating point")
+            if not is_floating(dtype):
+                raise TypeError(f"{type(self).__name__}.to: dtype must be a floating-point dtype (bfloat16, float16, "
+                                f"float32 or float64), got dtype={dtype}; a module's parameters stay floating point")
         target = None if device is None else get_backend(device)
         for tensor in self.parameters() + self.buffers():
             for t in (tensor, tensor.grad):
@@ -275,7 +277,7 @@ class Module:
                 if target is not None and t._backend is not target:
                     t.data = target.from_host(t._backend.to_host(t.data))
                     t._backend = target
-                if dtype is not None and t.dtype.kind == "f" and t.dtype != dtype:
+                if dtype is not None and is_floating(t.dtype) and t.dtype != dtype:
                     t.data = t.data.astype(dtype)
         return self
 

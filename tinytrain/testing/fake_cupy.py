@@ -20,7 +20,10 @@ run and tested on any machine:
   when it was made (as a cuRAND generator does), refuses to draw while another
   device is current, and takes seeds as strictly as CuPy's ``seed()`` does
   under NumPy 2 (a ``numpy.uint64`` works; a plain Python ``int`` does not);
-* ``cupyx.scatter_add`` accepts only the dtypes CuPy's ``atomicAdd`` kernel does.
+* ``cupyx.scatter_add`` accepts only the dtypes CuPy's ``atomicAdd`` kernel does;
+* bfloat16 (ml_dtypes') is refused wherever an array is made, with CuPy's
+  ``ValueError: Unsupported dtype bfloat16``, as by a CuPy without bfloat16
+  support; ``FakeCupy(bfloat16=True)`` plays one that has it.
 
 What it cannot show: speed, memory limits, asynchronous kernels, cuRAND's actual
 numbers, and CuPy running a kernel on the *current* device (the fake's arithmetic
@@ -37,6 +40,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from tinytrain.backend import BFLOAT16
 from tinytrain.testing.strict import StrictArray, StrictNamespace
 
 # cuRAND generator types, as cupy.cuda.curand names them (the values are cuRAND's).
@@ -217,7 +221,7 @@ class _CurrentDeviceFunction:
         self._path = path
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return self._fake._resolve(self._path)(*args, **kwargs)
+        return self._fake._held(self._fake._resolve(self._path)(*args, **kwargs))
 
     def __getattr__(self, name: str) -> Any:  # ufunc methods: add.at, maximum.reduce
         value = getattr(self._fake._resolve(self._path), name)
@@ -231,13 +235,15 @@ class FakeCupy(_CurrentDeviceNamespace):
     """A fake ``cupy`` module with ``devices`` fake GPUs (see the module docstring).
 
     ``runtime_version`` / ``driver_version`` are CUDA versions as CUDA encodes them
-    (12080 is 12.8); ``compute_capability`` is ``(major, minor)``.
+    (12080 is 12.8); ``compute_capability`` is ``(major, minor)``; ``bfloat16``: whether
+    it holds ml_dtypes' bfloat16 arrays.
     """
 
     ndarray = StrictArray
 
     def __init__(self, devices: int = 2, version: str = "13.6.0", runtime_version: int = 12080,
-                 driver_version: int = 12080, compute_capability: tuple[int, int] = (8, 0)) -> None:
+                 driver_version: int = 12080, compute_capability: tuple[int, int] = (8, 0),
+                 bfloat16: bool = False) -> None:
         super().__init__(self, ())
         if devices < 1:
             raise ValueError("a FakeCupy needs at least one fake GPU")
@@ -246,6 +252,7 @@ class FakeCupy(_CurrentDeviceNamespace):
         self.runtime_version = runtime_version
         self.driver_version = driver_version
         self.compute_capability = compute_capability
+        self.bfloat16 = bfloat16
         self._current = 0
         self._token = next(_TOKENS)
         _LIVE[self._token] = self
@@ -271,6 +278,12 @@ class FakeCupy(_CurrentDeviceNamespace):
             value = getattr(value, part)
         return value
 
+    def _held(self, result: Any) -> Any:
+        """``result``, unless it is an array of a dtype this CuPy cannot hold (CuPy's error then)."""
+        if isinstance(result, StrictArray) and result.dtype == BFLOAT16 and not self.bfloat16:
+            raise ValueError(f"Unsupported dtype {result.dtype}")
+        return result
+
     def device(self, index: int | None = None) -> FakeDevice:
         """The device object that this fake's arrays carry (current device by default)."""
         return FakeDevice(self, self._current if index is None else index)
@@ -282,15 +295,15 @@ class FakeCupy(_CurrentDeviceNamespace):
     def asarray(self, data: Any, dtype: Any = None) -> StrictArray:
         """Like ``cupy.asarray``: host data (NumPy arrays too) is copied to the current device."""
         if isinstance(data, StrictArray):
-            return data if dtype is None or data.dtype == np.dtype(dtype) else data.astype(dtype)
+            return self._held(data if dtype is None or data.dtype == np.dtype(dtype) else data.astype(dtype))
         if isinstance(data, np.ndarray):
-            return StrictArray(np.array(data, dtype=dtype, copy=True), self.device())
-        return self._namespaces[self._current].asarray(data, dtype=dtype)
+            return self._held(StrictArray(np.array(data, dtype=dtype, copy=True), self.device()))
+        return self._held(self._namespaces[self._current].asarray(data, dtype=dtype))
 
     def array(self, data: Any, dtype: Any = None, copy: bool = True, order: str = "K") -> StrictArray:
         if isinstance(data, np.ndarray):
-            return StrictArray(np.array(data, dtype=dtype, copy=True, order=order), self.device())
-        return self._namespaces[self._current].array(data, dtype=dtype, copy=copy, order=order)
+            return self._held(StrictArray(np.array(data, dtype=dtype, copy=True, order=order), self.device()))
+        return self._held(self._namespaces[self._current].array(data, dtype=dtype, copy=copy, order=order))
 
     def asnumpy(self, array: Any, order: str = "C") -> np.ndarray:
         """Like ``cupy.asnumpy``: a host copy of a device array (host data passes through);

@@ -59,7 +59,7 @@ class Module:
             if target is not None and target is not backend:
                 array = target.from_host(backend.to_host(array))
                 backend = target
-            if new_dtype is not None and array.dtype.kind == "f" and array.dtype != new_dtype:
+            if new_dtype is not None and is_floating(array.dtype) and array.dtype != new_dtype:
                 array = array.astype(new_dtype)
             t.data, t._backend = array, backend
         return self

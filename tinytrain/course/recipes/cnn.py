@@ -37,7 +37,7 @@ class Settings:
     clip_norm: float = 5.0  # 0: no clipping
     validation_fraction: float = 0.1
     device: str = "cpu"
-    precision: str = "32-true"  # or 16-mixed
+    precision: str = "32-true"  # or 16-mixed, bf16-mixed, 16-true, bf16-true (Module 17; --help says each)
     seed: int = 0
     out: str = ""  # default runs/cnn-<dataset>
     data_root: str = ""  # a folder with the dataset's files: no download
@@ -104,7 +104,7 @@ schedule = tt.CosineSchedule(max_lr=settings.lr, min_lr=settings.min_lr, total_e
 trainer = tt.Trainer(
     model, optimizer, tt.nn.CrossEntropyLoss(), scheduler=schedule,
     grad_clip_norm=settings.clip_norm or None,  # a rare huge gradient is scaled down to this norm, not followed
-    precision=settings.precision,  # 16-mixed: float16 compute, float32 master weights, dynamic loss scaling
+    precision=settings.precision,  # e.g. 16-mixed: float16 compute, float32 master weights, loss scaling
     strategy=run.strategy,  # --distributed: every MPI rank's gradients averaged before each step
 )
 

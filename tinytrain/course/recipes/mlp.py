@@ -39,7 +39,7 @@ class Settings:
     clip_norm: float = 5.0  # 0: no clipping
     validation_fraction: float = 0.1
     device: str = "cpu"
-    precision: str = "32-true"  # or 16-mixed
+    precision: str = "32-true"  # or 16-mixed, bf16-mixed, 16-true, bf16-true (Module 17; --help says each)
     strategy: str = "ddp"  # over MPI ranks: ddp with --distributed, or zero1, zero2, zero3 (Module 18), _offload
     seed: int = 0
     out: str = ""  # default runs/mlp-<dataset>
@@ -92,7 +92,7 @@ schedule = tt.CosineSchedule(max_lr=settings.lr, min_lr=settings.min_lr, total_e
 trainer = tt.Trainer(
     model, optimizer, tt.nn.CrossEntropyLoss(), scheduler=schedule,
     grad_clip_norm=settings.clip_norm or None,  # a rare huge gradient is scaled down to this norm, not followed
-    precision=settings.precision,  # 16-mixed: float16 compute, float32 master weights, dynamic loss scaling
+    precision=settings.precision,  # e.g. 16-mixed: float16 compute, float32 master weights, loss scaling
     strategy=run.strategy,  # over MPI: gradients averaged before each step; ZeRO shards the state among the ranks
 )
 
