@@ -42,7 +42,7 @@ _NAMES = {
 }
 _SUBMODULES = (
     "backend", "autograd", "ops", "nn", "optim", "data", "datasets", "callbacks", "serialization", "schedules", "training",
-    "amp", "distributed", "text",
+    "amp", "distributed", "text", "quantization",
 )
 _NAMES.update({name: (name, None) for name in _SUBMODULES if name not in _NAMES})
 
