@@ -72,7 +72,10 @@ def choose_qparams(low: Any, high: Any, bits: int = 8, symmetric: bool = False) 
     if low.shape != high.shape:
         raise ValueError(f"choose_qparams: low and high must have one shape, got {low.shape} and {high.shape}")
     if bool((low.data > high.data).any()):
-        raise ValueError(f"choose_qparams: low must not exceed high, got low={low.numpy()} and high={high.numpy()}")
+        lows, highs = low.numpy(), high.numpy()
+        where = tuple(int(i) for i in np.argwhere(lows > highs)[0])
+        at = f" at {where}" if where else ""
+        raise ValueError(f"choose_qparams: low must not exceed high, got low={lows[where]} > high={highs[where]}{at}")
     qmin, qmax = integer_range(bits, symmetric)
     xp = low._backend.xp
     low_with_0, high_with_0 = xp.minimum(low.data, 0), xp.maximum(high.data, 0)
@@ -186,12 +189,14 @@ class Observer:
                 high = self.high + (high - self.high) / (self.batches + 1)
         self.low, self.high, self.batches = low, high, self.batches + 1
 
-    def qparams(self, bits: int = 8) -> tuple[Tensor, Tensor]:
-        """The affine ``(scale, zero_point)`` of the range observed (``choose_qparams``); ``RuntimeError`` before
-        any batch."""
+    def qparams(self, bits: int = 8, device: Any = None) -> tuple[Tensor, Tensor]:
+        """The affine ``(scale, zero_point)`` of the range observed (``choose_qparams``), 0-d tensors on ``device``
+        (default: the CPU); ``RuntimeError`` before any batch."""
         if self.batches == 0:
             raise RuntimeError("Observer: no batch observed yet; run the model on calibration batches first")
-        return choose_qparams(self.low, self.high, bits)
+        low, high = Tensor(self.low, device=device), Tensor(self.high, device=device)
+        # NumPy gives a 0-d result as a scalar; a layer keeps these as buffers, which load_state_dict fills in place
+        return tuple(Tensor._make(t._backend.xp.asarray(t.data), t._backend) for t in choose_qparams(low, high, bits))
 
     def __repr__(self) -> str:
         return f"Observer(method={self.method!r}, low={self.low}, high={self.high}, batches={self.batches})"
@@ -533,7 +538,7 @@ class QATLinear(Module):
     def forward(self, x: Tensor) -> Tensor:
         if self.training:
             self.observer.observe(x)
-        input_scale, input_zero_point = self.observer.qparams()
+        input_scale, input_zero_point = self.observer.qparams(device=x.device)
         with no_grad():
             amax = self.weight.abs().max(axis=1)
             weight_scale, _ = choose_qparams(-amax, amax, self.weight_bits, symmetric=True)
