@@ -87,9 +87,12 @@ HELP = {
     "validation_fraction": "share of the training set held out to pick the best checkpoint",
     "device": "cpu, cuda, cuda:1, ...",
     "precision": "32-true, or 16-mixed: float16 compute, float32 master weights, dynamic loss scaling",
+    "quantize": "after training: the model quantized to int8 (dynamic activations), int8-static (activation "
+                "scales calibrated on 8 training batches) or nf4 and evaluated again (Module 19); none: float32 only",
     "out": "folder for checkpoints, log, plot and settings (default runs/<milestone>-<dataset>)",
     "data_root": "folder that already holds the dataset's standard files (no download)",
 }
+QUANTIZE = ("none", "int8", "int8-static", "nf4")  # the GPT recipe's --quantize
 # settings that count something: at least 1 wherever a recipe has them
 _POSITIVE = ("epochs", "steps", "batch_size", "accumulation_steps", "context", "n_layer", "n_head", "n_embd",
              "eval_every", "eval_batches", "top_k")
@@ -184,6 +187,8 @@ def _problems(settings: Any, datasets: Sequence[str], unit: str) -> list[str]:
                         f"{values['temperature']}")
     if "precision" in values and values["precision"] not in ("32-true", "16-mixed"):
         problems.append(f"precision must be 32-true or 16-mixed, got {values['precision']!r}")
+    if "quantize" in values and values["quantize"] not in QUANTIZE:
+        problems.append(f"quantize must be one of {', '.join(QUANTIZE)}, got {values['quantize']!r}")
     if "clip_norm" in values and values["clip_norm"] < 0:
         problems.append(f"clip_norm must be >= 0 (0 turns clipping off), got {values['clip_norm']}")
     if "validation_fraction" in values and not 0 < values["validation_fraction"] < 1:
