@@ -1471,7 +1471,10 @@ for name, seconds in times.items():
 # about half a minute), then quantize copies of it and measure their validation
 # loss on the same held-out windows. (`tinytrain quantize runs/gpt-shakespeare`
 # prints the same table for the GPT milestone's model, four blocks of 128 channels
-# trained 2,000 steps.)
+# trained 2,000 steps: its int8 layers hold 26% of their float32 bytes at +0.02%
+# validation loss, its NF4 layers 13.4% at +0.29%; `python milestones/gpt.py
+# --quantize nf4` quantizes the model at the end of training and evaluates it
+# again.)
 
 # %%
 text = tt.datasets.shakespeare()
