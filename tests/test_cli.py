@@ -428,3 +428,51 @@ def test_reset_from_the_backup_without_sources(copy, tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     assert "restored from" in result.stdout
     assert (package / "nn/activations.py").read_text() == original
+
+
+# -- quantize --------------------------------------------------------------------------------------------
+# A GPT milestone run in seconds: one block of 32 channels, 20 steps, 2% of the text held out (1,394 windows).
+TINY_GPT = ("--n-layer", "1", "--n-head", "2", "--n-embd", "32", "--context", "16", "--batch-size", "4",
+            "--warmup", "2", "--steps", "20", "--eval-every", "10", "--eval-batches", "2", "--sample-length", "5",
+            "--validation-fraction", "0.02")
+
+
+def _quantize_rows(out: str) -> dict[str, list[float]]:
+    """The table of `tinytrain quantize`: name -> [model bytes, quantized layers' bytes, their share, loss, change]."""
+    rows = {}
+    for line in out.splitlines():
+        for name in ("float32", "int8 dynamic", "int8 static", "NF4"):
+            if line.startswith(name + " "):
+                rows[name] = [float(value.replace(",", "").rstrip("%")) for value in line[len(name):].split()]
+    return rows
+
+
+def test_quantize_prints_the_bytes_and_losses_of_a_trained_gpt_run(tmp_path: Path, capsys) -> None:
+    out = tmp_path / "run"
+    trained = subprocess.run([sys.executable, str(ROOT / "milestones" / "gpt.py"), *TINY_GPT, "--out", str(out)],
+                             capture_output=True, text=True, timeout=600)
+    assert trained.returncode in (0, 1) and "Traceback" not in trained.stderr, trained.stderr[-3000:]
+    assert main(["quantize", str(out), "--calibration-batches", "2"]) == 0
+    printed = capsys.readouterr().out
+    assert f"{out}: the best checkpoint (step 20), 1 blocks of 32 channels" in printed  # the loss fell: 20 is best
+    assert "validation loss over 1,394 windows of 16 characters" in printed and "2 batches of 64" in printed
+    rows = _quantize_rows(printed)
+    assert list(rows) == ["float32", "int8 dynamic", "int8 static", "NF4"], printed
+    milestone_loss = json.loads((out / "result.json").read_text())["val_loss"]
+    assert rows["float32"][3] == pytest.approx(milestone_loss, abs=1e-4)  # what the milestone itself measured
+    assert rows["float32"][0] > rows["int8 dynamic"][0] > rows["NF4"][0]
+    assert rows["int8 dynamic"][2] < 32 and rows["NF4"][2] < 20  # percent of the float32 layers' bytes
+    for name in ("int8 dynamic", "int8 static", "NF4"):
+        assert abs(rows[name][4]) < 2, printed  # percent change of the validation loss
+
+
+def test_quantize_names_what_is_wrong_with_the_run(tmp_path: Path, capsys) -> None:
+    assert main(["quantize", str(tmp_path)]) == 2
+    assert f"{tmp_path / 'settings.toml'} does not exist: RUN_DIR is the --out folder" in capsys.readouterr().err
+    (tmp_path / "settings.toml").write_text('dataset = "mnist"\ncontext = 8\n')
+    (tmp_path / "checkpoints").mkdir()
+    (tmp_path / "checkpoints" / "best.pkl").write_bytes(b"")
+    assert main(["quantize", str(tmp_path)]) == 2
+    assert "lacks n_layer, n_head, n_embd, validation_fraction" in capsys.readouterr().err
+    assert main(["quantize", str(tmp_path), "--calibration-batches", "0"]) == 2
+    assert "--calibration-batches must be at least 1, got 0" in capsys.readouterr().err

@@ -113,6 +113,25 @@ def test_bad_settings_are_named(tmp_path: Path) -> None:
     assert "dropout must be 0 with flash, got 0.1" in result.stderr
 
 
+def test_quantize_evaluates_the_trained_model_again_with_calibrated_int8(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    result = run_gpt("--steps", "6", "--out", str(out), "--quantize", "int8-static")
+    assert result.returncode == 1, result.stdout + result.stderr  # the pass mark judges the float32 model
+    summary = json.loads((out / "result.json").read_text())
+    assert summary["quantize"] == "int8-static" and f"int8-static: validation loss {summary['quantized_val_loss']:.4f}" \
+        in result.stdout
+    assert summary["model_bytes"] < 0.6 * summary["float32_model_bytes"]  # the embeddings and norms stay float
+    assert summary["quantized_val_loss"] != summary["val_loss"]  # evaluated again, on the quantized layers
+    assert summary["quantized_val_loss"] == pytest.approx(summary["val_loss"], rel=0.02)
+
+
+def test_an_unknown_quantization_is_rejected_before_training(tmp_path: Path) -> None:
+    result = run_gpt("--quantize", "int4", "--out", str(tmp_path / "run"))
+    assert result.returncode != 0
+    assert "quantize must be one of none, int8, int8-static, nf4, got 'int4'" in result.stderr
+    assert not (tmp_path / "run").exists()
+
+
 def test_distributed_run_over_two_ranks(tmp_path: Path) -> None:
     if importlib.util.find_spec("mpi4py") is None:
         pytest.skip("mpi4py is not installed (pip install mpi4py mpich)")

@@ -8,6 +8,7 @@
     tinytrain reset NN | --all                 the reference code back into the package
     tinytrain status                           per module: whose code is installed, do its checks pass
     tinytrain milestone mlp|cnn|gpt [options]  train a real model end to end
+    tinytrain quantize RUN_DIR                 a trained GPT run's bytes and validation loss in float32, int8, NF4
     tinytrain doctor                           check the installation; a fix for each problem
     tinytrain grade-class NN FOLDER            for instructors: a folder of notebooks into a gradebook (CSV, JSON),
                                                each notebook in a sandbox (--sandbox auto|bwrap|rlimit|none)
@@ -443,7 +444,7 @@ def _mutants(args: argparse.Namespace) -> int:
     return 0 if args.fail_under is None or summary.score >= args.fail_under else 1
 
 
-# -- milestones and doctor -----------------------------------------------------------------------
+# -- milestones, quantized runs and doctor ------------------------------------------------------------
 def _milestone(args: argparse.Namespace) -> int:
     """``tinytrain milestone NAME [options]``: run the milestone recipe ``milestones/NAME.py``.
 
@@ -462,6 +463,20 @@ def _milestone(args: argparse.Namespace) -> int:
     if args.name not in available:
         raise UsageError(f"no milestone {args.name!r}; available: {', '.join(available) or 'none'}")
     return int(milestones.main(args.name, args.options) or 0)
+
+
+def _quantize(args: argparse.Namespace) -> int:
+    """``tinytrain quantize RUN_DIR``: a GPT milestone run's best weights in float32, int8 (dynamic and static)
+    and NF4 -- the bytes and the validation loss of each. Importing the quantize module asks for one BLAS
+    thread, as the milestone trained, which works because NumPy is not loaded yet."""
+    from tinytrain.course import quantize
+
+    try:
+        report = quantize.quantize_run(Path(args.run_dir), args.calibration_batches, args.observer, args.percentile)
+    except quantize.RunError as error:
+        raise UsageError(str(error)) from None
+    print("\n".join(report.lines()))
+    return 0
 
 
 def _doctor(args: argparse.Namespace) -> int:
@@ -551,6 +566,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     milestone_parser = _command(commands, "milestone", _milestone, "train a real model with the library: mlp, cnn, gpt")
     milestone_parser.add_argument("name", metavar="NAME", help="mlp (after Module 09), cnn (after Module 11) or gpt (after Module 15)")
     milestone_parser.add_argument("options", nargs=argparse.REMAINDER, help="the milestone's options (see NAME --help)")
+    quantize_parser = _command(commands, "quantize", _quantize, "a trained GPT milestone run in float32, int8 and NF4: "
+                               "bytes and validation loss side by side")
+    quantize_parser.add_argument("run_dir", metavar="RUN_DIR", help="the --out folder of a `python milestones/gpt.py` run "
+                                                                "(runs/gpt-shakespeare by default)")
+    quantize_parser.add_argument("--calibration-batches", type=int, default=8, metavar="N",
+                                 help="batches of 64 training windows that calibrate static int8 (default 8)")
+    quantize_parser.add_argument("--observer", choices=("minmax", "percentile"), default="minmax",
+                                 help="how static int8 records each layer's input range (default minmax)")
+    quantize_parser.add_argument("--percentile", type=float, default=99.99,
+                                 help="with --observer percentile: the percentile of the high end (default 99.99)")
     _command(commands, "doctor", _doctor, "check Python, NumPy, CuPy/GPU, Jupyter, the dataset cache and the install")
     args = parser.parse_args(argv)
     try:

@@ -94,10 +94,13 @@ HELP = {
     "strategy": "how the MPI ranks share the training: ddp (each holds everything; with --distributed), or ZeRO's "
                 "zero1, zero2, zero3 (sharding the optimizer state, the gradients, the weights too), with "
                 "_offload (zero2_offload) to keep the optimizer in host memory; ZeRO runs distributed",
+    "quantize": "after training: the model quantized to int8 (dynamic activations), int8-static (activation "
+                "scales calibrated on 8 training batches) or nf4 and evaluated again (Module 19); none: float32 only",
     "out": "folder for checkpoints, log, plot and settings (default runs/<milestone>-<dataset>)",
     "data_root": "folder that already holds the dataset's standard files (no download)",
 }
 LOGGERS = ("tensorboard", "mlflow")  # --logger: the experiment trackers a run can also write to
+QUANTIZE = ("none", "int8", "int8-static", "nf4")  # the GPT recipe's --quantize
 # settings that count something: at least 1 wherever a recipe has them
 _POSITIVE = ("epochs", "steps", "batch_size", "accumulation_steps", "context", "n_layer", "n_head", "n_embd",
              "eval_every", "eval_batches", "top_k")
@@ -199,6 +202,8 @@ def _problems(settings: Any, datasets: Sequence[str], unit: str) -> list[str]:
     if values.get("flash") and values.get("dropout"):
         problems.append(f"flash attention has no dropout on the attention weights: dropout must be 0 with flash, "
                         f"got {values['dropout']}")
+    if "quantize" in values and values["quantize"] not in QUANTIZE:
+        problems.append(f"quantize must be one of {', '.join(QUANTIZE)}, got {values['quantize']!r}")
     if "clip_norm" in values and values["clip_norm"] < 0:
         problems.append(f"clip_norm must be >= 0 (0 turns clipping off), got {values['clip_norm']}")
     if "validation_fraction" in values and not 0 < values["validation_fraction"] < 1:

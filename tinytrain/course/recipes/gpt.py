@@ -52,6 +52,7 @@ class Settings:
     device: str = "cpu"
     precision: str = "32-true"  # or 16-mixed, bf16-mixed, 16-true, bf16-true (Module 17; --help says each)
     strategy: str = "ddp"  # over MPI ranks: ddp with --distributed, or zero1, zero2, zero3 (Module 18), _offload
+    quantize: str = "none"  # or int8, int8-static, nf4: the trained model quantized and evaluated again (Module 19)
     seed: int = 0
     out: str = ""  # default runs/gpt-shakespeare
 
@@ -155,5 +156,26 @@ run.log_text("sample", sample, trainer.step)
 pass_mark = PASS_MARKS[settings.dataset]
 result = {"val_loss": val_loss, "pass_mark": pass_mark, "passed": val_loss <= pass_mark, "sample": sample,
           "train_seconds_this_run": train_seconds}
+
+# -- quantized (--quantize, after Module 19) -------------------------------------------------------------------------
+# The trained Linear layers of the blocks replaced in place by quantized ones (the lm_head shares the embedding's
+# weights and stays float): int8 codes per output channel with each batch's activations quantized as they come
+# (int8), or with activation scales calibrated on 8 batches of training windows (int8-static), or 4-bit NF4 codes
+# in blocks of 64. The model's bytes and its validation loss against float32's; tinytrain quantize RUN_DIR compares
+# all three on the best checkpoint.
+if settings.quantize != "none":
+    float_bytes = tt.quantization.model_bytes(model)
+    calibration = None
+    if settings.quantize == "int8-static":
+        calibration_loader = tt.data.DataLoader(train, batch_size=64, shuffle=True, seed=settings.seed,
+                                                device=settings.device)
+        calibration = [inputs for (inputs, _), _ in zip(calibration_loader, range(8))]
+    tt.quantization.quantize_model(model, settings.quantize.removesuffix("-static"), calibration=calibration)
+    quantized_loss, _ = trainer.evaluate(final_loader)
+    quantized_bytes = tt.quantization.model_bytes(model)
+    print(f"{settings.quantize}: validation loss {quantized_loss:.4f} ({quantized_loss / val_loss - 1:+.2%} against "
+          f"float32's), the model in {quantized_bytes:,} bytes ({quantized_bytes / float_bytes:.1%} of {float_bytes:,})")
+    result.update(quantize=settings.quantize, quantized_val_loss=quantized_loss, model_bytes=quantized_bytes,
+                  float32_model_bytes=float_bytes)
 sys.exit(run.finish(trainer, result, f"validation loss {val_loss:.4f} on the last {settings.validation_fraction:.0%} "
                                      f"of the text (pass mark <= {pass_mark:.2f})"))
