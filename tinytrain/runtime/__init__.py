@@ -4,4 +4,5 @@
   OS (applied by ``import tinytrain``);
 * ``buffers``: a cache of large arrays for the convolution kernels, switched on
   only where the allocator's settings do not hold.
+* ``workers``: the worker processes of ``DataLoader(num_workers=N)``.
 """
