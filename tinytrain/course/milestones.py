@@ -89,6 +89,7 @@ HELP = {
     "precision": "32-true, or 16-mixed: float16 compute, float32 master weights, dynamic loss scaling",
     "out": "folder for checkpoints, log, plot and settings (default runs/<milestone>-<dataset>)",
     "data_root": "folder that already holds the dataset's standard files (no download)",
+    "augment": "train on randomly shifted (and, on CIFAR-10, mirrored) images: tt.data.transforms",
 }
 # settings that count something: at least 1 wherever a recipe has them
 _POSITIVE = ("epochs", "steps", "batch_size", "accumulation_steps", "context", "n_layer", "n_head", "n_embd",
