@@ -175,12 +175,14 @@ def test_student_notebook_has_stubs_and_nbgrader_metadata(built: Path) -> None:
     assert (notebook.nbformat, notebook.nbformat_minor) == (4, 5)
     assert notebook.metadata.kernelspec.name == "python3"
     assert "jupytext" not in notebook.metadata
-    assert [cell.id for cell in notebook.cells] == [f"01_demo-{i:03d}" for i in range(6)]
+    assert [cell.id for cell in notebook.cells] == [f"01_demo-{i:03d}" for i in range(6)] + ["01_demo-grade"]
     for cell in notebook.cells:
         assert set(cell.metadata) <= {"export", "check", "tags", "nbgrader"}  # no jupytext metadata
         if cell.cell_type == "code":
             assert cell.execution_count is None and cell.outputs == []
-    markdown, solution, check, lesson, nested, plain = notebook.cells
+    markdown, solution, check, lesson, nested, plain, grade_hint = notebook.cells
+    assert grade_hint.cell_type == "markdown" and grade_hint.metadata.nbgrader["locked"] is True
+    assert "!{sys.executable} -m tinytrain grade 01" in grade_hint.source  # the kernel's own Python
     assert markdown.metadata.nbgrader == {
         "solution": False,
         "grade": False,
