@@ -72,7 +72,7 @@ class JupyterLab:
              "--LabApp.news_url=None", "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
              *(["--allow-root"] if hasattr(os, "geteuid") and os.geteuid() == 0 else [])],  # CI containers
             env=env, stdout=subprocess.DEVNULL, stderr=open(folder.parent / "jupyterlab.log", "w"))
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 180  # a busy 2-core machine takes over a minute
         while True:
             try:
                 self.api("status")
