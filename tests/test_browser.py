@@ -79,6 +79,7 @@ class JupyterLab:
                 return
             except OSError:
                 if self.process.poll() is not None or time.monotonic() > deadline:
+                    self.close()  # a server that is still starting must not outlive the test
                     raise RuntimeError("JupyterLab did not start: "
                                        + (folder.parent / "jupyterlab.log").read_text()[-2000:]) from None
                 time.sleep(0.5)
