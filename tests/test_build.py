@@ -175,12 +175,14 @@ def test_student_notebook_has_stubs_and_nbgrader_metadata(built: Path) -> None:
     assert (notebook.nbformat, notebook.nbformat_minor) == (4, 5)
     assert notebook.metadata.kernelspec.name == "python3"
     assert "jupytext" not in notebook.metadata
-    assert [cell.id for cell in notebook.cells] == [f"01_demo-{i:03d}" for i in range(6)]
+    assert [cell.id for cell in notebook.cells] == [f"01_demo-{i:03d}" for i in range(6)] + ["01_demo-grade"]
     for cell in notebook.cells:
         assert set(cell.metadata) <= {"export", "check", "tags", "nbgrader"}  # no jupytext metadata
         if cell.cell_type == "code":
             assert cell.execution_count is None and cell.outputs == []
-    markdown, solution, check, lesson, nested, plain = notebook.cells
+    markdown, solution, check, lesson, nested, plain, grade_hint = notebook.cells
+    assert grade_hint.cell_type == "markdown" and grade_hint.metadata.nbgrader["locked"] is True
+    assert "!{sys.executable} -m tinytrain grade 01" in grade_hint.source  # the kernel's own Python
     assert markdown.metadata.nbgrader == {
         "solution": False,
         "grade": False,
@@ -535,3 +537,13 @@ def test_every_lesson_is_one_sitting_and_says_so(source: Path) -> None:
     solutions = len(reference_bodies(source))
     assert int(match[2]) == solutions, f"{source.name} says {match[2]} functions, it asks for {solutions}"
     assert solutions <= 12 and float(match[1]) <= 3, f"{source.name}: {solutions} functions, {match[1]} hours"
+
+
+@pytest.mark.skipif(not (REPO / ".git").exists(), reason="not a git clone")
+def test_git_ignores_what_jupyterlab_runs_and_tools_leave_behind() -> None:
+    """JupyterLab's autosaves beside each notebook, milestone outputs and tool caches never show up as changes."""
+    left_behind = ["notebooks/.ipynb_checkpoints/03_activations-checkpoint.ipynb", "runs/mlp-digits/log.csv",
+                   "tinytrain/__pycache__/data.cpython-311.pyc", ".pytest_cache/v/cache/nodeids",
+                   ".hypothesis/examples/x", ".ruff_cache/x", ".mypy_cache/x"]
+    result = subprocess.run(["git", "check-ignore", *left_behind], cwd=REPO, capture_output=True, text=True)
+    assert result.stdout.split() == left_behind, result.stdout + result.stderr

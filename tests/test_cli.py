@@ -476,3 +476,16 @@ def test_quantize_names_what_is_wrong_with_the_run(tmp_path: Path, capsys) -> No
     assert "lacks n_layer, n_head, n_embd, validation_fraction" in capsys.readouterr().err
     assert main(["quantize", str(tmp_path), "--calibration-batches", "0"]) == 2
     assert "--calibration-batches must be at least 1, got 0" in capsys.readouterr().err
+
+
+def test_the_notebooks_route_to_grade_works_in_a_shell_without_the_tinytrain_command() -> None:
+    """A JupyterLab terminal is a login shell without the kernel's virtual environment: no `tinytrain` on PATH.
+    The kernel's Python by its path (what every notebook's last cell says to run) grades from the notebooks' folder."""
+    hint = nbformat.read(ROOT / "notebooks" / "03_activations.ipynb", as_version=4).cells[-1].source
+    assert "!{sys.executable} -m tinytrain grade 03" in hint and "python -m tinytrain grade 03" in hint
+    bare = dict(os.environ, PATH=os.pathsep.join(folder for folder in ("/usr/bin", "/bin") if Path(folder).is_dir()))
+    bare.pop(grading.NOTEBOOK_ENV, None)
+    graded = subprocess.run([sys.executable, "-m", "tinytrain", "grade", "03"], cwd=ROOT / "notebooks",
+                            capture_output=True, text=True, env=bare, timeout=300)
+    assert graded.returncode == 1, graded.stdout + graded.stderr  # the committed notebook holds stubs: 0 points
+    assert "03_activations.ipynb" in graded.stdout and "Total: 0/12 points" in graded.stdout, graded.stdout

@@ -85,3 +85,29 @@ def test_the_recipe_builds_its_model_for_every_dataset_and_trains_it(monkeypatch
     assert convolutions == [(out_channels, in_channels, 3, 3)
                             for in_channels, out_channels in zip([image_shape[0], *channels], channels)]
     assert [array.shape for array in weights.values() if array.ndim == 2] == [(10, features)]
+
+
+@pytest.mark.parametrize("dataset, transform", [
+    ("cifar10", "Compose([RandomCrop(size=(32, 32), padding=4), RandomHorizontalFlip(p=0.5)])"),
+    ("digits", "Compose([RandomCrop(size=(8, 8), padding=1)])"),  # a mirrored digit is another digit, or none
+])
+def test_augment_trains_on_shifted_and_mirrored_images(monkeypatch, tmp_path: Path, dataset: str,
+                                                        transform: str) -> None:
+    import tinytrain as tt
+
+    monkeypatch.setattr(milestones, "load_dataset", _random_images(DATASETS[dataset][0]))
+    train_sets = []
+
+    def data_loader(run, dataset, **options):
+        train_sets.append(dataset)
+        return tt.data.DataLoader(dataset, **options)
+
+    monkeypatch.setattr(milestones.Run, "data_loader", data_loader)
+    out = tmp_path / "run"
+    args = ["--dataset", dataset, "--epochs", "1", "--warmup", "0", "--out", str(out)]
+    assert milestones.main("cnn", args + ["--augment"]) in (0, 1)
+    [augmented] = train_sets
+    assert isinstance(augmented, tt.data.transforms.Transformed) and repr(augmented.transform) == transform
+    assert "augment = true" in (out / "settings.toml").read_text()
+    assert milestones.main("cnn", args + ["--out", str(tmp_path / "plain")]) in (0, 1)
+    assert isinstance(train_sets[-1], tt.data.TensorDataset)

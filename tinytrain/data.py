@@ -11,16 +11,29 @@ batch (in one call when the dataset has ``__getitems__``, as
 :class:`TensorDataset` does: one fancy index per array) and hands it out as
 tensors on a device. Its shuffling generator, epoch counter and position within
 the epoch travel in ``state_dict()``, so a resumed run sees exactly the batches
-an uninterrupted one would.
+an uninterrupted one would. With ``num_workers=N`` the batches are gathered by N
+worker processes (``tinytrain.runtime.workers``), the same batches in the same
+order. ``tinytrain.data.transforms`` holds the augmentations a loader seeds.
 """
 import copy
-from typing import Any, Iterator, Sequence
+import importlib
+import weakref
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
 from tinytrain.arguments import check_int, check_methods
 from tinytrain.backend import get_backend
+from tinytrain.runtime.workers import WorkerPool
 from tinytrain.tensor import Tensor, default_dtype
+
+
+def __getattr__(name: str) -> Any:
+    # tt.data.transforms is hand-written (tinytrain/datasets/transforms.py) and loads on first use:
+    # tinytrain.datasets imports this module, so importing it here, at the top, would be a circle.
+    if name == "transforms":
+        return importlib.import_module("tinytrain.datasets.transforms")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class Dataset:
@@ -163,9 +176,21 @@ class DataLoader:
     ``shuffle=True`` every epoch is a new permutation drawn from the loader's own
     ``numpy.random.Generator(PCG64(seed))``: the same ``seed`` gives the same
     sequence of epochs, and ``seed=None`` draws the seed from tinytrain's CPU
-    generator (so ``tt.manual_seed`` fixes it). Without shuffling no seed is
-    drawn. Batches are tuples of tensors when samples are tuples (one tensor
-    per field), else single tensors.
+    generator (so ``tt.manual_seed`` fixes it). A loader that neither shuffles,
+    nor has workers, nor a dataset to seed (see below) draws no seed. Batches
+    are tuples of tensors when samples are tuples (one tensor per field), else
+    single tensors.
+
+    Workers: ``num_workers=N > 0`` gathers the batches in N processes (its own
+    ``_fetch`` on the host, in each), which hand back exactly the batches of
+    ``num_workers=0``, in the same order; worker ``w`` seeds Python's, NumPy's
+    and tinytrain's generators from ``(seed, epoch, w)`` and then calls
+    ``worker_init_fn(w)``. The workers of an epoch stop when it ends, or live as
+    long as the loader with ``persistent_workers=True``. An error in a worker is
+    raised here, with the same type, naming the sample index. A dataset with a
+    ``set_epoch(epoch, seed)`` method (``tt.data.transforms.Transformed``) is
+    told the epoch and the loader's seed before each epoch, in every process,
+    so random augmentations are the same whatever the number of workers.
 
     Epochs: each ``iter(loader)`` starts a new epoch (an epoch left early counts
     as done), except that the first ``iter`` after ``load_state_dict`` of a
@@ -174,8 +199,10 @@ class DataLoader:
     ``state_dict()`` holds plain data only (numbers, strings, dicts).
 
     Raises ``TypeError`` for a ``dataset`` without ``len()`` and indexing, a
-    ``batch_size`` or ``seed`` that is not a whole number, and ``ValueError`` for a
-    ``batch_size`` below 1 or a negative ``seed``: here, not at the first batch.
+    ``batch_size``, ``seed`` or ``num_workers`` that is not a whole number or a
+    ``worker_init_fn`` that is not callable, and ``ValueError`` for a
+    ``batch_size`` below 1, a negative ``seed`` or ``num_workers``, or
+    ``persistent_workers`` without workers: here, not at the first batch.
     """
 
     def __init__(
@@ -186,6 +213,9 @@ class DataLoader:
         drop_last: bool = False,
         seed: int | None = None,
         device: Any = None,
+        num_workers: int = 0,
+        worker_init_fn: Callable[[int], None] | None = None,
+        persistent_workers: bool = False,
     ) -> None:
         self.dataset = check_methods("dataset", dataset, ("__len__", "__getitem__"),
                                      "a dataset, with len() and [i], such as TensorDataset(X, y)")
@@ -195,7 +225,17 @@ class DataLoader:
         self.shuffle = bool(shuffle)
         self.drop_last = bool(drop_last)
         self._backend = get_backend(device)  # an unknown device fails here, not at the first batch
-        if self.shuffle and seed is None:
+        self.num_workers = check_int("num_workers", num_workers, minimum=0)
+        if worker_init_fn is not None and not callable(worker_init_fn):
+            raise TypeError(f"worker_init_fn must be a function of the worker's number, got {worker_init_fn!r}")
+        if persistent_workers and self.num_workers == 0:
+            raise ValueError("persistent_workers=True needs worker processes, got num_workers=0")
+        self.worker_init_fn = worker_init_fn
+        self.persistent_workers = bool(persistent_workers)
+        self._pool: WorkerPool | None = None  # the worker processes, while they run
+        self._stop_workers: Any = None  # weakref.finalize that closes self._pool: once, at the latest with the loader
+        needs_seed = self.shuffle or self.num_workers > 0 or hasattr(dataset, "set_epoch")
+        if needs_seed and seed is None:
             seed = int(get_backend("cpu").rng.integers(2**63 - 1))
         self.seed = seed
         self.generator = np.random.Generator(np.random.PCG64(seed)) if self.shuffle else None
@@ -277,13 +317,56 @@ class DataLoader:
         batches = batch_indices(self._epoch_order(), self.batch_size, self.drop_last)
         if not batches:
             self._finish_epoch()
-        for number in range(self._position, len(batches)):
-            self._check_live(token)
-            batch = self._fetch(batches[number])
-            self._position = number + 1
-            if self._position == len(batches):
-                self._finish_epoch()
-            yield batch
+        self._seed_dataset()
+        gathered, stop_workers = self._gathered(batches)
+        try:
+            for number in range(self._position, len(batches)):
+                self._check_live(token)
+                batch = next(gathered)
+                self._position = number + 1
+                if self._position == len(batches):
+                    self._finish_epoch()
+                    stop_workers()
+                yield batch
+        finally:  # also when the loop is left early and this iterator is closed or collected
+            stop_workers()
+
+    # -- worker processes: given code ------------------------------------------------
+    def _seed_dataset(self) -> None:
+        """Tell a dataset with ``set_epoch`` the epoch about to be read and the loader's seed."""
+        set_epoch = getattr(self.dataset, "set_epoch", None)
+        if set_epoch is not None:
+            set_epoch(self.epoch, self.seed)
+
+    def _gathered(self, batches: list) -> tuple[Iterator[Any], Callable[[], Any]]:
+        """The batches from ``self._position`` on, as tensors, and a function that stops this epoch's workers.
+
+        Without workers each batch is fetched here when asked for. With workers,
+        a pool gathers them ahead; a non-persistent pool is this epoch's alone
+        (an older epoch's is stopped first), a persistent one is started once.
+        """
+        if self.num_workers == 0:
+            return (self._fetch(indices) for indices in batches[self._position:]), lambda: None
+        if not self.persistent_workers and self._stop_workers is not None:
+            self._stop_workers()
+        if self._stop_workers is None or not self._stop_workers.alive:
+            host = copy.copy(self)  # what the workers run: this loader, gathering on the host
+            host._backend, host._pool, host._stop_workers = get_backend("cpu"), None, None
+            self._pool = WorkerPool(host._gather_on_host, self.num_workers, self.seed, self.epoch,
+                                    self.worker_init_fn)
+            self._stop_workers = weakref.finalize(self, self._pool.close)
+        arrays = self._pool.batches(batches, self._position, self.epoch)
+        batches_here = (tuple(map(self._tensor, batch)) if isinstance(batch, tuple) else self._tensor(batch)
+                        for batch in arrays)
+        return batches_here, (lambda: None) if self.persistent_workers else self._stop_workers
+
+    def _gather_on_host(self, indices: np.ndarray, epoch: int) -> Any:
+        """In a worker: the batch ``indices`` of ``epoch`` as NumPy arrays (what a queue carries)."""
+        if epoch != self.epoch:  # persistent workers outlive the epoch they started in
+            self.epoch = epoch
+            self._seed_dataset()
+        batch = self._fetch(indices)
+        return tuple(field.data for field in batch) if isinstance(batch, tuple) else batch.data
 
     def _check_live(self, token: object) -> None:
         if self._live is not token:

@@ -567,31 +567,43 @@ def _reduction(loss_fn: Any) -> str:
     return "mean"
 
 
-def _progress_enabled() -> bool:
-    """Whether to draw progress bars: stdout is a terminal, or this is a Jupyter kernel."""
-    if getattr(sys.stdout, "isatty", lambda: False)():
-        return True
+def _in_jupyter_kernel() -> bool:
     ipython = sys.modules.get("IPython")
     shell = ipython.get_ipython() if ipython is not None and hasattr(ipython, "get_ipython") else None
     return type(shell).__name__ == "ZMQInteractiveShell"
 
 
+def _progress_enabled() -> bool:
+    """Whether to draw progress bars: stdout is a terminal, or this is a Jupyter kernel."""
+    return getattr(sys.stdout, "isatty", lambda: False)() or _in_jupyter_kernel()
+
+
 def _progress_bar(enabled: bool, **options: Any) -> Any:
-    """A ``tqdm.auto`` bar with ``options`` when enabled and tqdm is installed, else None."""
+    """A text ``tqdm`` bar with ``options`` when enabled and tqdm is installed, else None.
+
+    Text, also in a notebook: a widget bar (``tqdm.auto``) is saved in the notebook
+    as a view of a widget that exists only while the kernel runs, and reopened it
+    shows "Error displaying widget" instead, once per bar. A text bar redraws
+    itself with carriage returns, which Jupyter folds into the last line it drew,
+    so the saved notebook keeps just the finished bars. In a notebook it goes to
+    stdout, whose output is not shown as an error.
+    """
     if not enabled:
         return None
     try:
-        from tqdm.auto import tqdm
+        from tqdm import tqdm
     except ImportError:
         return None
+    if _in_jupyter_kernel():
+        options.setdefault("file", sys.stdout)
     return tqdm(**options)
 
 
 def _progress(iterable: Iterable[Any], enabled: bool, **options: Any) -> Iterable[Any]:
-    """``iterable`` wrapped in a ``tqdm.auto`` bar when enabled and tqdm is installed.
+    """``iterable`` wrapped in a text ``tqdm`` bar when enabled and tqdm is installed.
 
-    The bar gets an iterator: ``tqdm.auto``'s bar calls ``iter()`` on what it is
-    given twice, and for a data loader each ``iter()`` is a new epoch (a new shuffle).
+    The bar gets an iterator: a bar may call ``iter()`` on what it is given more
+    than once, and for a data loader each ``iter()`` is a new epoch (a new shuffle).
     """
     if "total" not in options and hasattr(iterable, "__len__"):
         options["total"] = len(iterable)
@@ -1003,9 +1015,12 @@ class Trainer(Resumable):
         """Epochs until ``self.epoch == epochs``, each evaluated on all of ``val_loader``."""
         bar = _progress(range(self.epoch, epochs), progress, desc="training", unit="epoch",
                         initial=self.epoch, total=epochs)
+        # A notebook shows text bars one line each (it ignores the escape code that moves a nested bar up a
+        # line): there the bar of epochs is the only one.
+        batch_bars = progress and not _in_jupyter_kernel()
         for _ in bar:
             start = time.perf_counter()
-            self.train_epoch(train_loader, accumulation_steps, progress)
+            self.train_epoch(train_loader, accumulation_steps, batch_bars)
             self._end_row(val_loader, start, time.perf_counter() - start, bar)
             if self.stop_training:
                 break

@@ -305,9 +305,28 @@ def _without_own_imports(code: str, own: set[str]) -> str:
     return "\n".join(lines)
 
 
+# The last cell of every notebook. A JupyterLab terminal is a login shell that has not activated the kernel's
+# virtual environment (`tinytrain: command not found` there), so the route given works with the kernel's Python.
+GRADE_HINT = """\
+## Grade and export your work
+
+Save the notebook, then grade it in a cell of this notebook:
+
+```
+!{{sys.executable}} -m tinytrain grade {number}
+```
+
+(`import sys` first: `sys.executable` is this kernel's Python, so the command runs the tinytrain you
+work with.) In a JupyterLab terminal, run the same Python: `python -m tinytrain grade {number}` once
+the kernel's environment is active there (`source .venv/bin/activate`), or the full path that
+`print(sys.executable)` shows here, such as `/home/you/tinytrain/.venv/bin/python -m tinytrain grade {number}`.
+`python -m tinytrain export {number}` then puts your code into the package, so later modules and the
+milestones run on it."""
+
+
 def _notebook(module: Module, version: str) -> nbformat.NotebookNode:
     """A module's notebook (``version``: "student", "reference" or "source"): stable cell ids,
-    our metadata only, no outputs."""
+    our metadata only, no outputs; the last cell says how to grade and export (``GRADE_HINT``)."""
     own = {"tinytrain." + target.replace("/", ".") for target in module.targets()}
     cells = []
     for index, cell in enumerate(module.cells):
@@ -331,6 +350,10 @@ def _notebook(module: Module, version: str) -> nbformat.NotebookNode:
         if cell.kind != "markdown":
             entry.update(execution_count=None, outputs=[])
         cells.append(entry)
+    cells.append({"id": f"{module.name}-grade", "cell_type": "markdown",
+                  "metadata": {"nbgrader": {"solution": False, "grade": False, "locked": True,
+                                            "grade_id": f"{module.name}-grade-hint", "schema_version": 3}},
+                  "source": GRADE_HINT.format(number=module.name[:2])})
     notebook = nbformat.from_dict(
         {
             "nbformat": 4,

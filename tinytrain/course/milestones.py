@@ -98,6 +98,7 @@ HELP = {
                 "scales calibrated on 8 training batches) or nf4 and evaluated again (Module 19); none: float32 only",
     "out": "folder for checkpoints, log, plot and settings (default runs/<milestone>-<dataset>)",
     "data_root": "folder that already holds the dataset's standard files (no download)",
+    "augment": "train on randomly shifted (and, on CIFAR-10, mirrored) images: tt.data.transforms",
 }
 LOGGERS = ("tensorboard", "mlflow")  # --logger: the experiment trackers a run can also write to
 QUANTIZE = ("none", "int8", "int8-static", "nf4")  # the GPT recipe's --quantize
