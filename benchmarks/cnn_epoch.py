@@ -1,6 +1,6 @@
 """The CNN milestone's epoch time on MNIST- and CIFAR-10-shaped data.
 
-Runs the milestone itself (``tinytrain.course.milestones.run``: its model,
+Runs the milestone itself (the recipe ``milestones/cnn.py``: its model,
 SGD with Nesterov momentum, cosine schedule, clipping, ``Trainer``, the
 validation pass and the checkpoints of every epoch) for its first epoch, on random
 pixels of the real dataset's shape and size instead of the files (those need a
@@ -49,17 +49,21 @@ def epoch_seconds(dataset: str, fraction: float) -> dict[str, Any]:
     """Seconds of one milestone epoch (training and validation), measured on ``fraction`` of the data, scaled."""
     from tinytrain.course import milestones
 
-    milestone, real_loader = milestones.MILESTONES["cnn"], milestones.load_dataset
-    milestones.load_dataset = synthetic(dataset, fraction)
+    real_loader = milestones.load_dataset
+    milestones.load_dataset = synthetic(dataset, fraction)  # the recipe imports it when it runs, so it gets this one
     try:
         with tempfile.TemporaryDirectory() as out:
-            settings = milestones.Settings(**{**milestone.defaults.__dict__, "dataset": dataset, "out": out})
-            result = milestone.train(milestone, settings, stop_after=1)  # the first of the default 20 epochs
+            # the first of the default 20 epochs
+            status = milestones.main("cnn", ["--dataset", dataset, "--out", out, "--stop-after", "1"])
+            if status != 0:
+                raise RuntimeError(f"the CNN milestone on {dataset}-shaped data ended with exit status {status}")
+            result = json.loads((Path(out) / milestones.RESULT_FILE).read_text())
+            settings = milestones.saved_settings(Path(out))
     finally:
         milestones.load_dataset = real_loader  # a caller in the same process gets the real datasets back
     measured = result["train_seconds_this_run"]
     return {"measured_seconds": measured, "fraction": fraction, "epoch_seconds": measured / fraction,
-            "batch_size": settings.batch_size}
+            "batch_size": settings["batch_size"]}
 
 
 def main() -> None:

@@ -248,9 +248,9 @@ def traced_peak(name: str, shape: str) -> int:
     """
     BUILDERS[name](shape)()
     if name == "tinytrain":
-        from tinytrain.nn import conv
+        from tinytrain.runtime.buffers import buffers
 
-        conv.buffers.clear()  # its arrays were allocated untraced: let the traced steps allocate them again
+        buffers.clear()  # its arrays were allocated untraced: let the traced steps allocate them again
     tracemalloc.start()
     step = BUILDERS[name](shape)
     step()

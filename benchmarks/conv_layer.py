@@ -1,6 +1,6 @@
 """Convolutions alone, forward and backward, at every layer shape of the CNN milestone on MNIST and CIFAR-10.
 
-The milestone's models (``tinytrain.course.milestones.build_cnn``): 3x3
+The milestone's models (the recipe ``milestones/cnn.py``): 3x3
 convolutions with padding 1 and no bias (BatchNorm follows each), batch 64 —
 MNIST 1->32->32 at 28x28, 32->64->64 at 14x14; CIFAR-10 3->32->32 at 32x32,
 32->64->64 at 16x16, 64->128->128 at 8x8. Per layer: the forward pass, and the

@@ -14,8 +14,9 @@ from types import ModuleType
 import nbformat
 import pytest
 
-from tinytrain.course import build
+from tinytrain.course import build, inventory, markers
 from tinytrain.course.cli import main
+from tinytrain.course.solutions import reference_bodies, stubs
 
 REPO = Path(__file__).parents[1]
 
@@ -73,6 +74,7 @@ CORE = '''\
 from __future__ import annotations
 
 
+# student: Module 01
 def add(a: int, b: int) -> int:
     """Return ``a + b``."""
     return a + b
@@ -87,6 +89,7 @@ NN_X = '''\
 SCALE = 3
 
 
+# student: Module 01
 def scale(x: int) -> int:
     """Return ``SCALE * x``."""
     if x is not None:
@@ -226,6 +229,65 @@ def test_stub_outside_a_function_is_named_by_grade_id(project: Path) -> None:
     assert cell.student == '# YOUR CODE HERE\nraise NotImplementedError("01_demo-export-3: your code here")'
 
 
+def test_the_library_marks_each_function_that_holds_a_solution(project: Path) -> None:
+    """One line above the definition block (decorators included), at its indent; a function without
+    a region and code outside every function get none; the notebooks get none."""
+    cell = """import functools
+
+
+class Ops:
+    @staticmethod
+    @functools.lru_cache(
+        maxsize=None,
+    )
+    def double(x: int) -> int:
+        ### BEGIN SOLUTION
+        return 2 * x
+        ### END SOLUTION
+
+    def given(self) -> int:
+        return 1
+
+
+### BEGIN SOLUTION
+ZERO = add(0, 0)
+### END SOLUTION"""
+    (project / SOURCE).write_text(DEMO.replace("ZERO = add(0, 0)", cell))
+    module = build.load_module(project / SOURCE)
+    core = build.library_file(module, "core")
+    assert "\n\n\n# student: Module 01\ndef add(" in core
+    assert "\nclass Ops:\n    # student: Module 01\n    @staticmethod\n    @functools.lru_cache(\n" in core
+    assert core.count("# student:") == 2
+    assert markers.marked_functions(core) == [("01", "add"), ("01", "Ops.double")]
+    assert markers.mark(core, ["add", "Ops.double"], "01") == (core, [])  # marked once only
+    for notebook in (build.student_notebook(project / SOURCE), build.reference_notebook(project / SOURCE)):
+        assert not any("# student:" in cell.source for cell in notebook.cells)
+
+
+def test_the_student_markers_list_exactly_the_solution_regions() -> None:
+    """`grep -rn "# student:" tinytrain/` finds one line per solution region of the modules: above the
+    function that holds it, in a library file of the region's module, and nothing else."""
+    package = REPO / "tinytrain"
+    marked: dict[str, list[str]] = {}
+    for path in sorted(package.rglob("*")):
+        if not path.is_file() or {"__pycache__", inventory.BACKUP_DIR} & set(path.parts):
+            continue  # (export's backups, where a student exported into this checkout, copy the reference)
+        hits = path.read_bytes().count(b"# student:")
+        if not hits:
+            continue
+        text = path.read_text(encoding="utf-8")
+        header = inventory.BUILD_HEADER.match(text)
+        found = markers.marked_functions(text)
+        assert header and len(found) == hits, f"{path}: {hits} lines say '# student:', {len(found)} mark a function"
+        assert {number for number, _ in found} == {header[1][:2]}, f"{path} belongs to module {header[1]}: {found}"
+        marked.setdefault(header[1], []).extend(function for _, function in found)
+    stubbed = {source.stem: sorted(name for cell in build.student_notebook(source).cells if "export" in cell.metadata
+                                   for name, _ in stubs(cell.source))
+               for source in build.module_sources(REPO)}  # the functions a student writes into the library
+    assert sum(map(len, stubbed.values())) > 100
+    assert {module: sorted(functions) for module, functions in marked.items()} == stubbed
+
+
 def test_reference_notebook_keeps_the_solution(project: Path) -> None:
     notebook = build.reference_notebook(project / SOURCE)
     nbformat.validate(notebook)
@@ -354,6 +416,24 @@ def test_orphaned_generated_file_is_reported_then_removed(built: Path, capsys: p
     assert build.check(built) == []
 
 
+def test_milestone_recipes_are_copied_into_the_package(built: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """An installed package has no milestones/ folder: `tinytrain milestone` runs the copies the build makes."""
+    recipe = built / "milestones/demo.py"
+    recipe.parent.mkdir()
+    recipe.write_text('"""A recipe."""\nprint("training")\n')
+    copy = built / "tinytrain/course/recipes/demo.py"
+    assert build.stale(built) == {copy: "missing"}
+    assert run_cli(capsys, "build", "--root", str(built))[1] == "wrote tinytrain/course/recipes/demo.py\n"
+    assert copy.read_text() == (f"{build.HEADER.format(source='milestones/demo.py')}\n"
+                                '"""A recipe."""\nprint("training")\n')
+    recipe.write_text('"""A recipe."""\nprint("training longer")\n')
+    assert build.stale(built) == {copy: "out of date"}
+    recipe.unlink()
+    assert build.stale(built) == {copy: "orphaned: no module source or milestone makes it any more"}
+    status, out, _ = run_cli(capsys, "build", "--root", str(built))
+    assert status == 0 and "removed tinytrain/course/recipes/demo.py" in out and not copy.exists()
+
+
 @pytest.mark.parametrize(
     "old, new, line, message",
     [
@@ -441,7 +521,7 @@ def test_cli_without_jupytext_says_what_to_install(project: Path) -> None:
 
 
 def test_repository_build_is_up_to_date() -> None:
-    """The committed library files and notebooks match a fresh build of modules/."""
+    """The committed library files, notebooks and recipe copies match a fresh build of modules/ and milestones/."""
     stale = {path.relative_to(REPO).as_posix(): why for path, why in build.stale(REPO).items()}
     assert stale == {}, "run `tinytrain build`"
 
@@ -449,8 +529,6 @@ def test_repository_build_is_up_to_date() -> None:
 @pytest.mark.parametrize("source", build.module_sources(REPO), ids=lambda path: path.stem)
 def test_every_lesson_is_one_sitting_and_says_so(source: Path) -> None:
     """The header states the time and the number of functions to write; neither outgrows a sitting."""
-    from tinytrain.course.solutions import reference_bodies
-
     match = re.search(r"^# \*One sitting, about ([\d.]+) hours?: the lesson, (\d+) functions to write", source.read_text(),
                       re.M)
     assert match, f"{source.name}: the title needs the line '*One sitting, about N hours: the lesson, K functions ...*'"

@@ -6,6 +6,7 @@ import hashlib
 import io
 import os
 import pickle
+import zlib
 import random
 import re
 import subprocess
@@ -124,10 +125,91 @@ def test_the_file_names_only_numpy_globals(tmp_path: Path) -> None:
             return super().find_class(module, name)
 
     with open(tmp_path / "c.ckpt", "rb") as file:
-        envelope = Recorder(file).load()  # an ordinary pickle of an ordinary pickle
-    assert named == set() and sorted(envelope) == ["format", "payload", "sha256", "version"]
-    assert Recorder(io.BytesIO(envelope["payload"])).load()["epoch"] == 3
+        envelope = Recorder(file).load()  # an ordinary pickle, then the arrays' raw bytes
+        arrays = [file.read(size) for size in envelope["sizes"]]
+        assert file.read() == b""
+    assert named == set() and sorted(envelope) == ["crc32", "format", "header", "sizes", "version"]
+    assert envelope["crc32"] == [zlib.crc32(envelope["header"])] + [zlib.crc32(array) for array in arrays]
+    assert Recorder(io.BytesIO(envelope["header"]), buffers=arrays).load()["epoch"] == 3
     assert named <= {("numpy._core.numeric", "_frombuffer"), ("numpy", "dtype")}, named
+
+
+def test_the_arrays_are_written_raw_after_the_header_and_come_back_exactly(tmp_path: Path) -> None:
+    """Arrays leave the pickle (protocol 5's out-of-band buffers): their bytes follow it, in their own memory order,
+    and are read back in pieces (a 9 MiB array crosses two piece boundaries)."""
+    rng = np.random.default_rng(0)
+    state = {"big": rng.standard_normal(9 << 18).astype(np.float32), "column_major": np.asfortranarray(np.ones((3, 5))),
+             "strided": np.arange(10.0)[::2], "empty": np.zeros((0, 4), np.float16), "ints": np.arange(7, dtype=np.int8),
+             "flags": np.array([True, False])}
+    write_checkpoint(tmp_path / "c.ckpt", state)
+    data = (tmp_path / "c.ckpt").read_bytes()
+    assert data.endswith(state["ints"].tobytes() + state["flags"].tobytes())
+    assert state["column_major"].tobytes(order="F") in data
+    loaded = read_checkpoint(tmp_path / "c.ckpt")
+    for key, array in state.items():
+        assert loaded[key].dtype == array.dtype and np.array_equal(loaded[key], array), key
+        assert loaded[key].flags.writeable, key
+    assert loaded["column_major"].flags.f_contiguous
+    assert len(data) < state["big"].nbytes + 4096  # one copy of the weights and a small header
+
+
+def _with_envelope(path: Path, **changes) -> None:
+    """Rewrite checkpoint ``path`` with some of its envelope's entries changed, keeping the arrays after it."""
+    with open(path, "rb") as file:
+        envelope = pickle.load(file)
+        rest = file.read()
+    path.write_bytes(pickle.dumps({**envelope, **changes}, protocol=5) + rest)
+
+
+def test_sizes_that_do_not_add_up_are_refused_before_anything_is_read(tmp_path: Path) -> None:
+    path = tmp_path / "c.ckpt"
+    write_checkpoint(path, STATE)
+    with open(path, "rb") as file:
+        sizes = pickle.load(file)["sizes"]
+    _with_envelope(path, sizes=[2**60, *sizes[1:]])  # were it allocated, this would be an exabyte
+    with pytest.raises(CheckpointError, match=r"c.ckpt is truncated or corrupt: its arrays take \d+ bytes, and \d+ "
+                                              "follow its header"):
+        read_checkpoint(path)
+    for malformed in ([-1, *sizes[1:]], [float(size) for size in sizes], "12", sizes[:-1]):
+        write_checkpoint(path, STATE)
+        _with_envelope(path, sizes=malformed)
+        with pytest.raises(CheckpointError, match="c.ckpt is (corrupt|truncated)"):
+            read_checkpoint(path)
+
+
+def test_a_header_that_leaves_an_array_unused_is_corrupt(tmp_path: Path) -> None:
+    path = tmp_path / "c.ckpt"
+    write_checkpoint(path, {"a": np.ones(3), "b": np.zeros(2)})
+    with open(path, "rb") as file:
+        envelope = pickle.load(file)
+        rest = file.read()
+    header = pickle.dumps({"a": np.ones(3)}, protocol=5, buffer_callback=lambda buffer: False)  # one array, in-band
+    sums = [zlib.crc32(header)] + envelope["crc32"][1:]
+    path.write_bytes(pickle.dumps({**envelope, "header": header, "crc32": sums}, protocol=5) + rest)
+    with pytest.raises(CheckpointError, match="does not account for everything after it"):
+        read_checkpoint(path)
+
+
+def test_a_header_that_asks_for_more_arrays_than_the_file_has_is_corrupt(tmp_path: Path) -> None:
+    path = tmp_path / "c.ckpt"
+    buffers = []
+    header = pickle.dumps({"a": np.ones(3), "b": np.zeros(2)}, protocol=5, buffer_callback=buffers.append)
+    first = buffers[0].raw().tobytes()
+    envelope = {"format": "tinytrain-checkpoint", "version": 3, "header": header, "sizes": [len(first)],
+                "crc32": [zlib.crc32(header), zlib.crc32(first)]}
+    path.write_bytes(pickle.dumps(envelope, protocol=5) + first)
+    with pytest.raises(CheckpointError, match="truncated or corrupt"):
+        read_checkpoint(path)
+
+
+def test_a_file_of_version_2_with_its_sha256_still_loads(tmp_path: Path) -> None:
+    (tmp_path / "old.ckpt").write_bytes(checkpoint_bytes(to_plain(STATE), 2))
+    assert_same(to_plain(STATE), read_checkpoint(tmp_path / "old.ckpt"))
+    damaged = bytearray(checkpoint_bytes(to_plain(STATE), 2))
+    damaged[-40] ^= 1
+    (tmp_path / "old.ckpt").write_bytes(bytes(damaged))
+    with pytest.raises(CheckpointError, match="old.ckpt is corrupt"):
+        read_checkpoint(tmp_path / "old.ckpt")
 
 
 # -- what a loader must refuse -----------------------------------------------------------------
@@ -282,12 +364,20 @@ def checkpoint_bytes(state: dict, version: int) -> bytes:
     """A checkpoint file of ``state`` pickled as it is, bypassing write_checkpoint's to_plain."""
     if version == 1:
         return pickle.dumps({"format": "tinytrain-checkpoint", "version": 1, **state}, protocol=5)
-    payload = pickle.dumps(state, protocol=5)
-    return pickle.dumps({"format": "tinytrain-checkpoint", "version": 2, "sha256": hashlib.sha256(payload).hexdigest(),
-                         "payload": payload}, protocol=5)
+    if version == 2:
+        payload = pickle.dumps(state, protocol=5)
+        return pickle.dumps({"format": "tinytrain-checkpoint", "version": 2,
+                             "sha256": hashlib.sha256(payload).hexdigest(), "payload": payload}, protocol=5)
+    buffers = []
+    header = pickle.dumps(state, protocol=5, buffer_callback=buffers.append)
+    arrays = [buffer.raw().tobytes() for buffer in buffers]
+    return pickle.dumps({"format": "tinytrain-checkpoint", "version": 3, "header": header,
+                         "sizes": [len(array) for array in arrays],
+                         "crc32": [zlib.crc32(header)] + [zlib.crc32(array) for array in arrays]},
+                        protocol=5) + b"".join(arrays)
 
 
-@pytest.mark.parametrize("version", [1, 2])
+@pytest.mark.parametrize("version", [1, 2, 3])
 @pytest.mark.parametrize("build", ["_reconstruct", "ndarray"])
 def test_an_object_array_built_from_the_allowed_globals_is_refused(tmp_path: Path, build: str, version: int) -> None:
     path = tmp_path / "objects.ckpt"

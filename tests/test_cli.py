@@ -225,7 +225,8 @@ def test_doctor_gives_a_fix_for_each_problem(tmp_path: Path, monkeypatch, capsys
 # -- export, reset and a broken package, on a copy ------------------------------------------------------
 @pytest.fixture
 def copy(tmp_path: Path):
-    """Run ``python -m tinytrain ...`` against a copy of the package; returns (run, package folder)."""
+    """Run ``python -m tinytrain ...`` (or ``python -c code``, ``python script ...``) against a copy of the package;
+    returns (run, package folder)."""
     site = tmp_path / "site"
     shutil.copytree(ROOT / "tinytrain", site / "tinytrain",
                     ignore=shutil.ignore_patterns("__pycache__", inventory.BACKUP_DIR))
@@ -234,10 +235,14 @@ def copy(tmp_path: Path):
     env = dict(os.environ, PYTHONPATH=str(site))
     env.pop(grading.NOTEBOOK_ENV, None)
 
-    def run(*args: str, root: bool = True, code: str | None = None) -> subprocess.CompletedProcess:
-        command = [sys.executable, "-c", code] if code else [sys.executable, "-m", "tinytrain", *args]
-        if root and not code:
-            command += ["--root", str(ROOT)]
+    def run(*args: str, root: bool = True, code: str | None = None,
+            script: Path | None = None) -> subprocess.CompletedProcess:
+        if code:
+            command = [sys.executable, "-c", code]
+        elif script:
+            command = [sys.executable, str(script), *args]
+        else:
+            command = [sys.executable, "-m", "tinytrain", *args, *(["--root", str(ROOT)] if root else [])]
         return subprocess.run(command, cwd=work, env=env, capture_output=True, text=True, timeout=300)
 
     return run, site / "tinytrain"
@@ -253,6 +258,7 @@ def test_export_then_reset(copy, tmp_path: Path) -> None:
     exported = (package / "nn/activations.py").read_text()
     assert exported.startswith("# Exported by `tinytrain export` from ") and "(module 03_activations)" in exported
     assert exported.split("\n", 1)[1] == original.split("\n", 1)[1]
+    assert exported.count("# student: Module 03\n") == 8  # as in the reference: six functions, two methods
     assert (package / inventory.BACKUP_DIR / "03_activations/reference/nn.activations.py.orig").read_text() == original
 
     status = run("status", "--json")
@@ -299,11 +305,12 @@ def test_stubs_left_in_an_export_are_named_by_status_doctor_and_the_milestones(c
     assert "[FAIL] module 02_autograd holds your exported code with stubs left" in doctor.stdout
     assert "[FAIL] a small training run fails in your exported code of module 02_autograd" in doctor.stdout
 
-    milestone = run("milestone", "mlp", "--epochs", "1", "--warmup", "0", "--out", str(tmp_path / "run"), root=False)
-    assert milestone.returncode == 1 and "Traceback" not in milestone.stderr
-    assert "the milestone failed in your exported code of module 02_autograd" in milestone.stderr
-    assert "NotImplementedError: apply: your code here" in milestone.stderr
-    assert "tinytrain reset 02" in milestone.stderr
+    options = ("--epochs", "1", "--warmup", "0", "--out", str(tmp_path / "run"))
+    for milestone in (run("milestone", "mlp", *options, root=False), run(*options, script=ROOT / "milestones/mlp.py")):
+        assert milestone.returncode == 1 and "Traceback" not in milestone.stderr, milestone.stderr
+        assert "the milestone failed in your exported code of module 02_autograd" in milestone.stderr
+        assert "NotImplementedError: apply: your code here" in milestone.stderr
+        assert "tinytrain reset 02" in milestone.stderr
 
     reset = run("reset", "--all")
     assert reset.returncode == 0 and "reset " in reset.stdout, reset.stderr
@@ -369,9 +376,10 @@ def test_export_refuses_code_that_does_not_import(copy, tmp_path: Path) -> None:
 
 
 def test_an_import_error_on_export_names_the_notebook_cell_and_line(copy, tmp_path: Path) -> None:
+    """The line in the notebook, not in the exported file, which has the student markers above relu and sigmoid."""
     run, _ = copy
-    notebook = _notebook(tmp_path / "03_activations.ipynb", edit=("def relu(x: Tensor) -> Tensor:",
-                                                                  "SCALE = undefined_name\n\n\ndef relu(x: Tensor) -> Tensor:"))
+    notebook = _notebook(tmp_path / "03_activations.ipynb", edit=("def sigmoid(x: Tensor) -> Tensor:",
+                                                                  "SCALE = undefined_name\n\n\ndef sigmoid(x: Tensor) -> Tensor:"))
     cells = nbformat.read(notebook, as_version=4).cells
     number = next(i for i, cell in enumerate(cells, 1) if "undefined_name" in cell.source)
     line = next(i for i, text in enumerate(cells[number - 1].source.split("\n"), 1) if "undefined_name" in text)
@@ -399,6 +407,16 @@ def test_a_broken_export_does_not_break_the_command(copy) -> None:
     assert reset.returncode == 0, reset.stderr
     assert (package / "nn/activations.py").read_text() == original
     assert run(code="import tinytrain as tt; tt.nn.ReLU").returncode == 0
+
+
+def test_doctor_names_a_broken_export_of_a_file_imported_on_demand(copy) -> None:
+    """tinytrain.cuda loads only when a GPU is asked for; doctor imports it anyway, and still reports on the GPU."""
+    run, package = copy
+    header = inventory.EXPORT_HEADER.format(notebook="12_accelerators.ipynb", module="12_accelerators", number="12")
+    (package / "cuda.py").write_text(f"{header}\n\nraise RuntimeError('my bug')\n")
+    doctor = run("doctor")
+    assert doctor.returncode == 1 and "[FAIL] tinytrain.cuda does not import: RuntimeError: my bug" in doctor.stdout
+    assert "tinytrain reset 12" in doctor.stdout and "GPU: " in doctor.stdout, doctor.stdout
 
 
 def test_reset_from_the_backup_without_sources(copy, tmp_path: Path) -> None:

@@ -1,8 +1,9 @@
-"""The CNN milestone: a quick end-to-end run on Digits, and the model for every dataset.
+"""The CNN milestone (``milestones/cnn.py``): a quick end-to-end run on Digits, and the model for every dataset.
 
 The full run (20 epochs, >= 98% test accuracy) is documented in the README; here
 three epochs check that the script trains, writes its outputs and reaches a sane
-accuracy, in a few seconds.
+accuracy, in a few seconds, and the recipe trains an epoch of every dataset's
+model on a few random images of that dataset's shape.
 """
 from __future__ import annotations
 
@@ -14,8 +15,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import tinytrain as tt
-from tinytrain.course.milestones import MILESTONES, build_cnn
+from tinytrain.course import milestones
+from tinytrain.serialization import read_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 CNN = ROOT / "milestones" / "cnn.py"
@@ -36,19 +37,40 @@ def test_cnn_milestone_quick_run_on_digits(tmp_path: Path) -> None:
     assert "test accuracy" in result.stdout
 
 
-@pytest.mark.parametrize("dataset, image_shape", [("digits", (1, 8, 8)), ("mnist", (1, 28, 28)),
-                                                  ("fashion-mnist", (1, 28, 28)), ("cifar10", (3, 32, 32))])
-def test_cnn_model_for_every_dataset(dataset, image_shape) -> None:
-    tt.manual_seed(0)
-    model = build_cnn(image_shape, 10, dataset)
-    assert any(isinstance(m, tt.nn.Conv2d) for m in model.modules())
-    with tt.no_grad():
-        logits = model.eval()(tt.tensor(np.zeros((2, *image_shape), dtype=np.float32)))
-    assert logits.shape == (2, 10)
+def _random_images(image_shape: tuple[int, ...]):
+    """A ``load_dataset`` that serves a few random images of ``image_shape`` with labels 0-9."""
+    from tinytrain.datasets.images import ImageDataset
+
+    def load_dataset(name: str, train: bool, root: str) -> ImageDataset:
+        rng = np.random.default_rng(0 if train else 1)
+        size = 30 if train else 10
+        images = ImageDataset(rng.integers(0, 256, (size, *image_shape), dtype=np.uint8), rng.integers(0, 10, size),
+                              255)
+        images.classes = tuple("0123456789")
+        return images
+
+    return load_dataset
 
 
-def test_cnn_milestone_definition() -> None:
-    cnn = MILESTONES["cnn"]
-    assert cnn.datasets == ("digits", "mnist", "fashion-mnist", "cifar10")
-    assert cnn.pass_marks["digits"] == 0.98 and cnn.pass_marks["mnist"] == 0.99 and cnn.pass_marks["cifar10"] == 0.70
-    assert cnn.defaults.dataset == "digits"
+# dataset: (image shape, the convolutions' output channels, the features the classifier reads, the pass mark)
+DATASETS = {"digits": ((1, 8, 8), [32, 32, 64], 64 * 2 * 2, 0.98),
+            "mnist": ((1, 28, 28), [32, 32, 64, 64], 64 * 7 * 7, 0.99),
+            "fashion-mnist": ((1, 28, 28), [32, 32, 64, 64], 64 * 7 * 7, 0.90),
+            "cifar10": ((3, 32, 32), [32, 32, 64, 64, 128, 128], 128 * 4 * 4, 0.70)}
+
+
+@pytest.mark.parametrize("dataset", list(DATASETS))
+def test_the_recipe_builds_its_model_for_every_dataset_and_trains_it(monkeypatch, tmp_path: Path,
+                                                                       dataset: str) -> None:
+    """Each dataset gets its stages of convolutions and its pass mark (random images: no download)."""
+    image_shape, channels, features, pass_mark = DATASETS[dataset]
+    monkeypatch.setattr(milestones, "load_dataset", _random_images(image_shape))
+    out = tmp_path / "run"
+    assert milestones.main("cnn", ["--dataset", dataset, "--epochs", "1", "--warmup", "0", "--out", str(out)]) in (0, 1)
+    summary = json.loads((out / "result.json").read_text())
+    assert (summary["dataset"], summary["epochs_done"], summary["pass_mark"]) == (dataset, 1, pass_mark)
+    weights = read_checkpoint(out / "checkpoints" / "epoch-0001.pkl")["model"]
+    convolutions = [array.shape for array in weights.values() if array.ndim == 4]
+    assert convolutions == [(out_channels, in_channels, 3, 3)
+                            for in_channels, out_channels in zip([image_shape[0], *channels], channels)]
+    assert [array.shape for array in weights.values() if array.ndim == 2] == [(10, features)]

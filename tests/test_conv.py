@@ -3,16 +3,16 @@
 Values against an independent NumPy reference (a sum over kernel offsets, not
 im2col), gradients with ``tt.gradcheck`` in float64 for input, weight and bias
 over strides, paddings and odd, non-square shapes (drawn by hypothesis, kept
-tiny: gradcheck runs two forward passes per element), the max-pooling tie rule,
-errors that name the shapes, the buffer cache, and equality with PyTorch when it
-is installed. Every test that creates tensors runs on every device.
+tiny: gradcheck runs two forward passes per element), the max-pooling tie rule
+and its parts of the batch, errors that name the shapes, and equality with
+PyTorch when it is installed. Every test that creates tensors runs on every
+device: on the CPU the convolution runs the library's kernels
+(``tinytrain.kernels.convolution``, tested on their own in
+``test_kernels_convolution.py``), on the strict device the lesson's recipe.
 """
 from __future__ import annotations
 
 import math
-import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -22,8 +22,9 @@ from hypothesis import strategies as st
 import tinytrain as tt
 import tinytrain.nn as nn
 import tinytrain.nn.functional as F
+from tinytrain.kernels import parts
 from tinytrain.nn import conv
-from tinytrain.nn.conv import BufferCache, Conv2dFunction, col2im, im2col, output_size
+from tinytrain.nn.conv import Conv2dFunction, col2im, im2col, output_size
 
 
 def tensor64(a, device, requires_grad=False):
@@ -117,66 +118,6 @@ def test_conv2d_gradcheck_input_weight_bias(device, case, seed) -> None:
     assert tt.gradcheck(lambda x, w, b: F.conv2d(x, w, b, stride=stride, padding=padding), [x, w, b])
 
 
-def test_batch_slices_cover_the_batch_in_parts_that_fit_the_cache() -> None:
-    for shape in [(64, 288, 784), (128, 72, 196), (5, 3, 4), (1, 9, 9), (0, 4, 4)]:
-        array = np.empty(shape, np.float32)
-        parts = conv.batch_slices(np, array)
-        covered = [index for part in parts for index in range(shape[0])[part]]
-        assert covered == list(range(shape[0])), shape  # every image once, in order
-        per_image = 4 * math.prod(shape[1:])
-        assert all(len(range(shape[0])[part]) * per_image <= conv.CACHE_BYTES for part in parts) or \
-            per_image > conv.CACHE_BYTES and all(len(range(shape[0])[part]) == 1 for part in parts), shape
-    assert len(conv.batch_slices(np, np.empty((128, 72, 196), np.float32))) == 4  # 56 kB an image: 37 per part
-
-    class OtherDevice:  # a GPU wants one large product
-        pass
-    assert conv.batch_slices(OtherDevice(), np.empty((64, 288, 784), np.float32)) == [slice(0, 64)]
-
-
-@given(n=st.integers(1, 2), c=st.integers(1, 3), kernel=st.tuples(st.integers(1, 3), st.integers(1, 3)),
-       extra=st.tuples(st.integers(0, 3), st.integers(0, 3)), seed=st.integers(0, 1000))
-def test_add_windows_is_col2im_along_whole_rows(n, c, kernel, extra, seed) -> None:
-    """The column gradient made as wide as the image (zeros on the right) and added by shifts is col2im."""
-    (kh, kw), height, width = kernel, kernel[0] + extra[0], kernel[1] + extra[1]
-    out_h, out_w = height - kh + 1, width - kw + 1
-    cols = np.random.default_rng(seed).standard_normal((n, c * kh * kw, out_h * out_w))
-    wide = np.zeros((n, c * kh * kw, out_h, width))
-    wide[..., :out_w] = cols.reshape(n, -1, out_h, out_w)
-    image = np.zeros((n, c, height, width))
-    conv.add_windows(wide.reshape(n, c * kh * kw, -1), image, kernel)
-    np.testing.assert_allclose(image, col2im(np, cols, image.shape, kernel, (1, 1)), rtol=1e-12, atol=1e-12)
-
-
-@pytest.mark.parametrize("images_per_part", [1, 2])
-@pytest.mark.parametrize("stride, padding", [(1, 1), (1, 0), (2, 1), ((1, 2), (2, 0))])
-def test_conv2d_in_parts_equals_the_whole_batch_at_once(images_per_part, stride, padding) -> None:
-    """The batch cut into parts (the last one smaller) gives the same values and exact gradients."""
-    rng = np.random.default_rng(images_per_part)
-    x_host, w_host, b_host = rng.standard_normal((5, 2, 6, 5)), rng.standard_normal((3, 2, 3, 2)), rng.standard_normal(3)
-    (sh, sw), (ph, pw) = _pair(stride), _pair(padding)
-    columns = np.empty((5, 2 * 3 * 2, output_size(6, 3, sh, ph) * output_size(5, 2, sw, pw)))  # float64, like x
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(conv, "CACHE_BYTES", images_per_part * columns[0].nbytes)
-        assert len(conv.batch_slices(np, columns)) == (5 if images_per_part == 1 else 3)
-        x, w, b = (tensor64(a, "cpu", requires_grad=True) for a in (x_host, w_host, b_host))
-        out = F.conv2d(x, w, b, stride=stride, padding=padding)
-        np.testing.assert_allclose(out.numpy(), reference_conv(x_host, w_host, b_host, _pair(stride), _pair(padding)),
-                                   rtol=1e-10, atol=1e-10)
-        assert tt.gradcheck(lambda x, w, b: F.conv2d(x, w, b, stride=stride, padding=padding), [x, w, b])
-
-
-@pytest.mark.parametrize("padding", [0, 1, (2, 0)])
-@pytest.mark.parametrize("stride", [1, 2])
-def test_conv2d_input_gradient_is_contiguous(padding, stride) -> None:
-    """Not a view that drops the padding: over its short rows the previous layer's backward runs up to 10x slower."""
-    rng = np.random.default_rng(0)
-    x = tensor64(rng.standard_normal((3, 2, 7, 6)), "cpu", requires_grad=True)
-    out = F.conv2d(x, tensor64(rng.standard_normal((4, 2, 3, 3)), "cpu", requires_grad=True),
-                   stride=stride, padding=padding)
-    grad_x, _ = out._ctx.backward(np.ones(out.shape))
-    assert grad_x.shape == x.shape and grad_x.flags.c_contiguous
-
-
 @pytest.mark.parametrize("kernel, stride", [(2, 2), (3, 1), ((2, 3), (2, 1))])
 def test_max_pool_in_parts_equals_the_whole_batch_at_once(kernel, stride) -> None:
     """Pooled a few images at a time (overlapping windows too), with ties: the same values and first-maximum gradients."""
@@ -184,9 +125,9 @@ def test_max_pool_in_parts_equals_the_whole_batch_at_once(kernel, stride) -> Non
     x_host = np.maximum(rng.standard_normal((5, 2, 6, 7)), 0)  # ReLU output: many tied zeros
     grad = rng.standard_normal(F.max_pool2d(tt.tensor(x_host), kernel, stride).shape)
     results = []
-    for cache_bytes in (x_host[0].nbytes * 2, conv.CACHE_BYTES):  # parts of 2, 2 and 1 images; one part
+    for cache_bytes in (x_host[0].nbytes * 2, parts.CACHE_BYTES):  # parts of 2, 2 and 1 images; one part
         with pytest.MonkeyPatch.context() as patch:
-            patch.setattr(conv, "CACHE_BYTES", cache_bytes)
+            patch.setattr(parts, "CACHE_BYTES", cache_bytes)
             x = tensor64(x_host, "cpu", requires_grad=True)
             out = F.max_pool2d(x, kernel, stride)
             out.backward(tt.tensor(grad))
@@ -256,8 +197,8 @@ def test_conv2d_gradients_with_some_inputs_frozen(device, frozen) -> None:
 
 @pytest.mark.parametrize("stride, padding", [(1, 0), (1, 1), (2, 1)])
 def test_conv2d_on_an_empty_batch(device, stride, padding) -> None:
-    """No images: an empty result and input gradient, zero weight and bias gradients (backward used
-    to raise ValueError: cannot reshape array of size 0 into shape (0,8,newaxis))."""
+    """No images: an empty result and input gradient, zero weight and bias gradients (a reshape of the
+    gradient to (0, 8, -1) cannot infer its last axis)."""
     x = tt.zeros(0, 3, 6, 5, device=device, requires_grad=True)
     layer = nn.Conv2d(3, 8, 3, stride=stride, padding=padding).to(device)
     out = layer(x)
@@ -523,90 +464,6 @@ def test_batchnorm2d_bad_input(device) -> None:
     for shape in [(4, 3, 5), (4, 2, 5, 5)]:
         with pytest.raises(ValueError, match=str(shape).replace("(", r"\(").replace(")", r"\)")):
             bn(tt.randn(*shape, device=device))
-
-
-# -- the buffer cache ------------------------------------------------------------------------------
-
-def test_buffer_cache_reuses_only_unreferenced_arrays() -> None:
-    cache = BufferCache(max_bytes=1 << 20)
-    a = cache.empty(np, (10, 10), np.float32)
-    b = cache.empty(np, (10, 10), np.float32)
-    assert a is not b, "a referenced array is never handed out again"
-    view, first = a[2:], id(a)
-    del a
-    c = cache.empty(np, (10, 10), np.float32)
-    assert c is not view.base, "a view keeps its base taken"
-    del view
-    d = cache.empty(np, (10, 10), np.float32)
-    assert id(d) == first, "an array nothing refers to any more is handed out again"
-    assert cache.empty(np, (10, 10), np.float64).dtype == np.float64
-    del c, d
-    zeros = cache.zeros(np, (10, 10), np.float32)
-    assert zeros.sum() == 0 and zeros.base is None
-    assert cache.nbytes == 3 * 400 + 800, "b, c, d(=a) and one float64 array"
-    cache.clear()
-    assert cache.nbytes == 0
-
-
-def test_buffer_cache_limits_and_other_devices() -> None:
-    cache = BufferCache(max_bytes=1000)
-    big = cache.empty(np, (300,), np.float32)  # 1,200 bytes: never kept
-    assert cache.nbytes == 0 and big.shape == (300,)
-    for _ in range(5):
-        cache.empty(np, (100,), np.float32)  # 400 bytes, freed at once: reused
-    assert cache.nbytes == 400
-    keep = [cache.empty(np, (100,), np.float32), cache.empty(np, (100,), np.float32)]
-    assert cache.nbytes == 800
-    cache.empty(np, (60,), np.float32)  # 240 more bytes would exceed the limit: not kept
-    assert cache.nbytes == 800
-    del keep
-    cache.empty(np, (60,), np.float32)  # now the unused arrays make room
-    assert cache.nbytes <= 1000
-    strict = tt.get_backend("strict").xp
-    assert type(cache.empty(strict, (4,), np.float32)).__name__ == "StrictArray"
-    off = BufferCache(max_bytes=0)
-    off.empty(np, (4,), np.float32)
-    assert off.nbytes == 0
-
-
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the allocator settings are glibc's")
-@pytest.mark.parametrize("keep_freed_memory, cache_bytes", [("1", 0), ("0", 128 << 20)])
-def test_the_buffer_cache_is_on_only_where_the_heap_does_not_keep_freed_memory(keep_freed_memory, cache_bytes):
-    """With freed memory kept in the C heap the cache only slows a step down (lesson 09, section 8)."""
-    completed = subprocess.run([sys.executable, "-c", "from tinytrain.nn import conv; print(conv.buffers.max_bytes)"],
-                               capture_output=True, text=True, check=True,
-                               env={**os.environ, "TINYTRAIN_KEEP_FREED_MEMORY": keep_freed_memory})
-    assert int(completed.stdout) == cache_bytes
-
-
-def test_cached_training_equals_uncached() -> None:
-    """Two runs of a few steps, with the module's cache and with it turned off: identical weights."""
-    def train() -> list[np.ndarray]:
-        tt.manual_seed(0)
-        model = nn.Sequential(nn.Conv2d(1, 4, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), nn.Conv2d(4, 4, 3),
-                              nn.AvgPool2d(2, 1), nn.Flatten(), nn.Linear(4, 3))
-        optimizer = tt.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-        rng = np.random.default_rng(0)
-        for _ in range(4):
-            optimizer.zero_grad()
-            x, y = tt.tensor(rng.standard_normal((6, 1, 8, 8))), tt.tensor(rng.integers(0, 3, 6))
-            F.cross_entropy(model(x), y).backward()
-            optimizer.step()
-        return [p.numpy() for p in model.parameters()]
-
-    limit = conv.buffers.max_bytes
-    try:
-        conv.buffers.max_bytes = 128 << 20
-        cached = train()
-        assert conv.buffers.nbytes > 0, "the cached run must have used the cache"
-        conv.buffers.max_bytes = 0
-        conv.buffers.clear()
-        uncached = train()
-    finally:
-        conv.buffers.max_bytes = limit
-        conv.buffers.clear()
-    for a, b in zip(cached, uncached):
-        np.testing.assert_array_equal(a, b)
 
 
 # -- against PyTorch ---------------------------------------------------------------------------------

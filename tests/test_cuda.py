@@ -11,8 +11,8 @@ Three kinds of tests:
   ``cupyx.scatter_add``'s dtype rules, cuRAND generators bound to a device). It
   drives :class:`tinytrain.cuda.CupyBackend`'s own logic: device-index checks,
   which device arrays land on, scatter-add routing, the random stream's state.
-  ``gpu_report`` is driven the same way, with its probes of the driver and of
-  the installed packages replaced.
+  ``tinytrain doctor``'s GPU report (:mod:`tinytrain.course.gpu`) is driven the
+  same way, with its probes of the driver and of the installed packages replaced.
 * **A real GPU** (skipped without one): the same properties on CuPy itself.
 """
 from __future__ import annotations
@@ -36,7 +36,9 @@ import tinytrain as tt
 from tinytrain import backend as registry
 from tinytrain import cuda
 from tinytrain.serialization import capture_rng_state, read_checkpoint, restore_rng_state, to_plain, write_checkpoint
-from tinytrain.cuda import GENERATOR, CupyBackend, DrawCounter, _OnDevice, draw_seed, gpu_report, scatter_add
+from tinytrain.course import gpu as gpu_check
+from tinytrain.course.gpu import gpu_report
+from tinytrain.cuda import GENERATOR, CupyBackend, DrawCounter, _OnDevice, draw_seed, scatter_add
 from tinytrain.testing.fake_cupy import FakeCupy, forget_fake_gpu, register_fake_gpu
 from tinytrain.testing.strict import StrictArray
 
@@ -423,8 +425,8 @@ def machine(monkeypatch):
     """Set what gpu_report sees: ``machine(packages=[...], driver=12040, cupy=module_or_None)``."""
 
     def configure(packages=(), driver=None, cupy=None):
-        monkeypatch.setattr(cuda, "_cupy_packages", lambda: list(packages))
-        monkeypatch.setattr(cuda, "_driver_cuda_version", lambda: driver)
+        monkeypatch.setattr(gpu_check, "_cupy_packages", lambda: list(packages))
+        monkeypatch.setattr(gpu_check, "_driver_cuda_version", lambda: driver)
         monkeypatch.setitem(sys.modules, "cupy", cupy)
 
     return configure
@@ -545,11 +547,11 @@ def test_report_never_raises(machine) -> None:
 
 
 def test_package_names_and_probes() -> None:
-    assert cuda._package_cuda_major("cupy-cuda12x") == 12 and cuda._package_cuda_major("cupy-cuda13x") == 13
-    assert cuda._package_cuda_major("cupy-cuda110") == 11 and cuda._package_cuda_major("cupy") is None
-    assert cuda._package_cuda_major("cupy-rocm-5-0") is None and cuda._cuda_text(12040) == "12.4"
-    assert all(name.startswith("cupy") for name, _ in cuda._cupy_packages())
-    driver = cuda._driver_cuda_version()
+    assert gpu_check._package_cuda_major("cupy-cuda12x") == 12 and gpu_check._package_cuda_major("cupy-cuda13x") == 13
+    assert gpu_check._package_cuda_major("cupy-cuda110") == 11 and gpu_check._package_cuda_major("cupy") is None
+    assert gpu_check._package_cuda_major("cupy-rocm-5-0") is None and gpu_check._cuda_text(12040) == "12.4"
+    assert all(name.startswith("cupy") for name, _ in gpu_check._cupy_packages())
+    driver = gpu_check._driver_cuda_version()
     assert driver is None or driver >= 1000
 
 

@@ -15,7 +15,8 @@ with ``device=device``, models are built as usual and moved with
 * ``cuda``: a real GPU, skipped unless CuPy sees one.
 
 On ``strict`` and ``fakecuda:1`` the arithmetic is NumPy's, so values must equal
-the CPU's exactly; on ``cuda`` they must agree to float32 tolerance.
+the CPU's exactly (but for a convolution with a bias: see ``ROUNDED_ANOTHER_WAY``);
+on ``cuda`` they must agree to float32 tolerance.
 
 Inventory tests make the coverage a contract: every ``Function`` subclass in
 ``tinytrain`` must run in one of these cases, and every public layer, loss,
@@ -85,10 +86,19 @@ def backend(device: str):
     return tt.get_backend(device)
 
 
-def assert_same(device: str, got: np.ndarray, expected: np.ndarray, what: str = "") -> None:
-    """Equal to the CPU's result: bit for bit on NumPy-backed devices, to float32 tolerance on a GPU."""
+# Cases whose CPU result is rounded another way than every other device's: on NumPy a convolution runs the
+# library's kernel (tinytrain.kernels.convolution), whose matrix product adds the bias as the weight of a row of
+# ones; elsewhere it runs the lesson's recipe, which adds the bias to the product's result.
+ROUNDED_ANOTHER_WAY = {"F_conv2d", "Conv2d"}
+
+
+def assert_same(device: str, got: np.ndarray, expected: np.ndarray, what: str = "", exact: bool = True) -> None:
+    """Equal to the CPU's result: bit for bit on NumPy-backed devices (unless not ``exact``: then to float32
+    rounding), to float32 tolerance on a GPU."""
     if device == "cuda":
         np.testing.assert_allclose(got, expected, rtol=2e-4, atol=2e-5, err_msg=what)
+    elif not exact:
+        np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6, err_msg=what)
     else:
         np.testing.assert_array_equal(got, expected, err_msg=what)
 
@@ -205,11 +215,12 @@ def run_op(device: str, name: str) -> tuple[np.ndarray, list[np.ndarray]]:
 def test_every_op_forward_and_backward_matches_the_cpu(device: str, name: str) -> None:
     expected_out, expected_grads = run_op("cpu", name)
     out, grads = run_op(device, name)
-    assert_same(device, out, expected_out, f"{name} forward")
+    exact = name not in ROUNDED_ANOTHER_WAY
+    assert_same(device, out, expected_out, f"{name} forward", exact)
     for i, (got, expected) in enumerate(zip(grads, expected_grads)):
         assert (got is None) == (expected is None), f"{name}: input {i} has a gradient on one device only"
         if got is not None:
-            assert_same(device, got, expected, f"{name} gradient of input {i}")
+            assert_same(device, got, expected, f"{name} gradient of input {i}", exact)
 
 
 def test_comparisons_argmax_and_reads(device: str) -> None:
@@ -344,7 +355,7 @@ def test_every_layer_and_loss_matches_the_cpu(device: str, name: str) -> None:
     got = run_module(device, name)
     assert got.keys() == expected.keys()
     for key in expected:
-        assert_same(device, got[key], expected[key], f"{name}: {key}")
+        assert_same(device, got[key], expected[key], f"{name}: {key}", name not in ROUNDED_ANOTHER_WAY)
 
 
 # -- optimizers ------------------------------------------------------------------------------------------

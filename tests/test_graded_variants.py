@@ -26,6 +26,7 @@ import tinytrain.callbacks as callbacks
 import tinytrain.cuda as cuda
 import tinytrain.data as data
 import tinytrain.distributed as distributed
+import tinytrain.nn.attention as attention
 import tinytrain.nn.checkpointing as checkpointing
 import tinytrain.nn.conv as conv
 import tinytrain.nn.embedding as embedding
@@ -38,6 +39,7 @@ import tinytrain.nn.losses as losses
 import tinytrain.nn.transformer as transformer
 import tinytrain.training as training
 from tinytrain.autograd import _accumulate, _freed_graph_error, _unshared, no_grad
+from tinytrain.course import grading
 from tinytrain.serialization import capture_rng_state, restore_rng_state
 
 tensor_module = importlib.import_module("tinytrain.tensor")  # the module: tt.tensor is the factory function
@@ -63,6 +65,23 @@ def _fails(check, student, *expected: str) -> None:
         check(student)
     for text in expected:
         assert text in str(failure.value), str(failure.value)
+
+
+def _report(graded: types.ModuleType, student: types.SimpleNamespace,
+            names: list[str]) -> dict[str, grading.CheckResult]:
+    """What ``tinytrain grade`` reports for the checks ``names`` of ``graded`` run on ``student``: each one's
+    outcome, message and hint, and the failed checks it follows from (``blocked_by``: "fix that first")."""
+    collector = grading.Collector()
+    for name in names:
+        check = getattr(graded, name)
+        result = grading.CheckResult(name, name, check.tinytrain_points, "passed", check.tinytrain_hint,
+                                     after=check.tinytrain_after)
+        try:
+            check(student)
+        except Exception as failure:  # any exception fails a check, as under pytest
+            result.outcome, result.message = "failed", str(failure)
+        collector.results[name] = result
+    return {result.name: result for result in collector.report(graded.__name__).checks}
 
 
 # -- Module 01 ----------------------------------------------------------------------------------
@@ -855,6 +874,49 @@ def test_a_convolution_that_returns_a_bias_gradient_nobody_needs_loses_its_point
            "returned a bias gradient nobody needs")
 
 
+def _conv_recipe(crop: str):
+    """The lesson's convolution as a student writes it, cutting the padding off the input gradient with
+    ``crop``: "ph:H - ph", or "ph:-ph", which is the empty slice 0:0 for padding 0."""
+
+    class Conv2dFunction(autograd.Function):
+        def forward(self, x, weight, bias=None, *, stride, padding):
+            (ph, pw), (out_channels, _, kh, kw) = padding, weight.shape
+            x = self.backend.pad(x, ((0, 0), (0, 0), (ph, ph), (pw, pw)))
+            n, _, height, width = x.shape
+            self.cols = conv.im2col(self.xp, x, (kh, kw), stride)
+            out = self.xp.matmul(weight.reshape(out_channels, -1), self.cols)
+            if bias is not None:
+                out += bias.reshape(out_channels, 1)
+            self.weight, self.stride, self.padding, self.padded_shape = weight, stride, padding, x.shape
+            return out.reshape(n, out_channels, conv.output_size(height, kh, stride[0]),
+                               conv.output_size(width, kw, stride[1]))
+
+        def backward(self, grad):
+            (n, out_channels), (ph, pw), (height, width) = grad.shape[:2], self.padding, self.padded_shape[2:]
+            g = grad.reshape(n, out_channels, -1)
+            grads = [None, None, None][:len(self.inputs)]
+            if self.inputs[0].requires_grad:
+                grad_cols = self.xp.matmul(self.weight.reshape(out_channels, -1).T, g)
+                padded = conv.col2im(self.xp, grad_cols, self.padded_shape, self.weight.shape[2:], self.stride)
+                grads[0] = (padded[:, :, ph:height - ph, pw:width - pw] if crop == "ph:H - ph"
+                            else padded[:, :, ph:-ph, pw:-pw])
+            if self.inputs[1].requires_grad:
+                grads[1] = self.xp.matmul(g, self.cols.transpose(0, 2, 1)).sum(axis=0).reshape(self.weight.shape)
+            if len(self.inputs) == 3 and self.inputs[2].requires_grad:
+                grads[2] = g.sum(axis=(0, 2))
+            return tuple(grads)
+
+    return Conv2dFunction
+
+
+@pytest.mark.parametrize("check_name", ["test_conv_backward_gradcheck", "test_conv_backward_against_loops"])
+def test_a_convolution_that_crops_with_ph_colon_minus_ph_is_told_why_its_input_gradient_is_empty(check_name):
+    """`x[..., 0:-0]` is empty: the check names that cause, not gradcheck's IndexError or a bare shape mismatch."""
+    check = getattr(_graded("11_convolutions"), check_name)
+    check(_student(conv, Conv2dFunction=_conv_recipe("ph:H - ph")))
+    _fails(check, _student(conv, Conv2dFunction=_conv_recipe("ph:-ph")), "`ph:-ph` is `0:-0`", "`ph:H - ph`")
+
+
 # -- Module 12 ----------------------------------------------------------------------------------
 # Four load_state variants that break its docstring ("those three keys and no others", "Python ints",
 # "a seed of 2**64 or more is kept modulo 2**64"), and a matmul_cost that counts FLOPs in a float.
@@ -982,6 +1044,19 @@ def test_an_all_reduce_in_float64_loses_its_points():
            "the buffer is float32 whatever the gradients' dtype")
 
 
+def _shard_indices_wrapping_once(order, rank, world_size):
+    """Pads with one copy of the start of ``order``: too short when there are more ranks than samples."""
+    total = -(-len(order) // world_size) * world_size
+    return np.concatenate([order, order[:total - len(order)]])[rank::world_size]
+
+
+def test_a_shard_indices_that_wraps_only_once_loses_its_points():
+    graded = _graded("13_scale")
+    graded.test_shard_indices(_student(distributed))
+    _fails(graded.test_shard_indices, _student(distributed, shard_indices=_shard_indices_wrapping_once),
+           "more ranks than samples: keep wrapping", "got [[4], [2], [4], [2], []]")
+
+
 # -- Module 14 ----------------------------------------------------------------------------------
 # Wrong Module 14 variants: a merge that hands back `ids` itself when nothing merges ("A new list"), a
 # train that keeps the old merges for a text without pairs ("Merges learned before are replaced"),
@@ -1012,6 +1087,84 @@ def test_a_tokenizer_or_embedding_that_breaks_its_docstring_loses_points(check_n
     graded, student = _graded("14_attention"), {**vars(text), **vars(embedding)}
     getattr(graded, check_name)(types.SimpleNamespace(**student))
     _fails(getattr(graded, check_name), types.SimpleNamespace(**{**student, **replaced}), expected)
+
+
+# The attention checks build on each other: a mistake in MaskedSoftmax or in the scale fails the checks after
+# them too, and the report must point at the cause, not at the step where it shows.
+ATTENTION_CHECKS = ["test_masked_softmax", "test_attention_values", "test_attention_scale", "test_attention_causal",
+                    "test_attention_mask_and_dropout"]
+_MASKED_SOFTMAX, _ATTENTION = attention.MaskedSoftmax, attention.scaled_dot_product_attention
+
+
+class _MaskedSoftmaxMaskingAfter(_MASKED_SOFTMAX):
+    """Zeroes the masked weights of the full softmax: the allowed ones no longer sum to 1."""
+
+    def forward(self, scores, *, allowed):
+        exps = self.xp.exp(scores - scores.max(axis=-1, keepdims=True))
+        self.out = exps / exps.sum(axis=-1, keepdims=True)
+        if allowed is not None:
+            self.out = self.xp.where(allowed, self.out, 0.0)
+        return self.out
+
+
+class _AttentionMaskingAfter:
+    """What a scaled_dot_product_attention that masks the weights after the softmax applies."""
+
+    @staticmethod
+    def apply(scores, *, allowed):
+        weights = _MASKED_SOFTMAX.apply(scores, allowed=None)
+        return weights if allowed is None else weights * tt.tensor(np.asarray(allowed), dtype=weights.dtype)
+
+
+def test_a_mask_applied_after_the_softmax_is_blamed_on_masked_softmax(monkeypatch):
+    graded = _graded("14_attention")
+    monkeypatch.setattr(attention, "MaskedSoftmax", _MaskedSoftmaxMaskingAfter)  # what attention applies
+    report = _report(graded, _student(attention), ATTENTION_CHECKS)
+    assert report["test_masked_softmax"].outcome == "failed" and report["test_attention_values"].outcome == "passed"
+    for name in ("test_attention_causal", "test_attention_mask_and_dropout"):
+        assert report[name].outcome == "failed" and report[name].blocked_by == ["test_masked_softmax"], name
+
+
+def test_masking_after_the_softmax_in_attention_is_named_by_the_causal_hint(monkeypatch):
+    graded = _graded("14_attention")
+    monkeypatch.setattr(attention, "MaskedSoftmax", _AttentionMaskingAfter)
+    report = _report(graded, _student(attention, MaskedSoftmax=_MASKED_SOFTMAX), ATTENTION_CHECKS)
+    causal = report["test_attention_causal"]
+    assert report["test_masked_softmax"].outcome == "passed" and report["test_attention_values"].outcome == "passed"
+    assert causal.outcome == "failed" and causal.blocked_by == [] and "zeroed after the softmax" in causal.hint
+
+
+def _attention_with_default_scale(default_scale):
+    """A scaled_dot_product_attention whose scale=None means ``default_scale(E)`` instead of 1 / sqrt(E)."""
+
+    def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None):
+        return _ATTENTION(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
+                          scale=default_scale(query.shape[-1]) if scale is None else scale)
+
+    return scaled_dot_product_attention
+
+
+def _attention_softmax_over_the_queries(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None):
+    scores = (query / math.sqrt(query.shape[-1])) @ key.transpose(*range(key.ndim - 2), -1, -2)
+    return scores.softmax(-2) @ value
+
+
+@pytest.mark.parametrize("variant, diagnosis", [
+    (_attention_with_default_scale(lambda features: 1.0), "the scores are not scaled: scale=None means 1 / sqrt(E) = "
+                                                          "1 / sqrt(3) (attention_scale checks the scale); 40 of 40"),
+    (_attention_with_default_scale(lambda features: 1 / features), "the scores are divided by E = 3, not by sqrt(E)"),
+    (_attention_softmax_over_the_queries, None),
+], ids=["no scale", "scale 1 over E", "softmax over the queries"])
+def test_a_wrong_scale_is_named_where_attention_values_fails(variant, diagnosis):
+    report = _report(_graded("14_attention"), _student(attention, scaled_dot_product_attention=variant),
+                     ATTENTION_CHECKS)
+    values = report["test_attention_values"]
+    assert values.outcome == "failed" and values.blocked_by == [], values.message
+    if diagnosis is None:  # another mistake: the plain comparison, no word of the scale
+        assert "scale" not in values.message and "40 of 40 differ" in values.message, values.message
+    else:
+        assert diagnosis in values.message, values.message
+        assert report["test_attention_scale"].blocked_by == ["test_attention_values"]
 
 
 # -- Module 15 ----------------------------------------------------------------------------------

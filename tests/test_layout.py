@@ -3,8 +3,10 @@
 * ``tinytrain/*.py`` and ``tinytrain/nn/*.py`` are the library the modules generate
   (the student's code); only the package files that name the public API
   (``__init__``, ``__main__``, ``nn/__init__``, ``nn/functional``) are written by hand there.
-* ``course/`` (tooling), ``testing/`` (test devices), ``datasets/`` and ``runtime/``
-  are hand-written; no module exports into them.
+* ``course/`` (tooling), ``testing/`` (test devices), ``datasets/``, ``runtime/``
+  (process settings and state) and ``kernels/`` (fast paths that a reference
+  solution hands work to) are hand-written; no module exports into them.
+* No library file imports the tooling: only ``__main__``, the ``tinytrain`` command, starts it.
 """
 from __future__ import annotations
 
@@ -98,6 +100,17 @@ def test_no_import_circle_among_the_package_files() -> None:
     assert "tinytrain.backend" in graph and "tinytrain.course.cli" in graph
     assert "tinytrain.autograd" in graph["tinytrain.tensor"]  # `from tinytrain import autograd` counts
     assert circles(graph) == []
+
+
+def test_no_library_file_imports_the_course_tooling() -> None:
+    """The library stands on its own (pip users never need the tooling); only ``python -m tinytrain``,
+    the command itself, starts the tooling."""
+    graph = import_graph()
+    tooling = {name for name in graph if name == "tinytrain.course" or name.startswith("tinytrain.course.")}
+    assert graph["tinytrain.__main__"] & tooling == {"tinytrain.course.cli"}  # the graph sees such imports
+    importing = {name: sorted(graph[name] & tooling) for name in graph
+                 if name not in tooling and name != "tinytrain.__main__" and graph[name] & tooling}
+    assert importing == {}
 
 
 def test_generated_files_are_exactly_the_library_folders_files() -> None:

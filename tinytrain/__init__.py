@@ -9,8 +9,10 @@ the ``tinytrain`` command (``reset``, ``status``, ``doctor``) down with it, and 
 error names the module to reset.
 """
 import importlib
+import re
 import sys
 import types
+from pathlib import Path
 
 from tinytrain.runtime.allocator import keep_freed_memory
 
@@ -60,17 +62,33 @@ def _load(name: str) -> object:
     return module if attribute is None else getattr(module, attribute)
 
 
+# The first line of a library file that holds a student's code: ``tinytrain export`` writes it, and
+# the tooling's inventory reads it the same way.
+_EXPORTED_HEADER = re.compile(r"^# Exported by `tinytrain export` from .+ \(module (\d\d_\w+)\)")
+
+
+def _exported_modules() -> list[str]:
+    """The teaching modules (``03_activations``) whose files in the package hold a student's exported
+    code, read from each file's first line (the header ``tinytrain export`` writes)."""
+    found = set()
+    for path in Path(__file__).parent.rglob("*.py"):
+        try:
+            with path.open(encoding="utf-8", errors="replace") as file:
+                match = _EXPORTED_HEADER.match(file.readline())
+        except OSError:
+            continue
+        if match:
+            found.add(match[1])
+    return sorted(found)
+
+
 def _explained(submodule: str, error: Exception) -> Exception:
     """``error``, with a pointer to ``tinytrain reset`` when student code is installed."""
-    try:
-        from tinytrain.course.inventory import installed_modules
-    except Exception:
-        return error
-    exported = [info for info in installed_modules().values() if info.exported]
+    exported = _exported_modules()
     if not exported:
         return error
-    names = ", ".join(info.name for info in exported)
-    numbers = " / ".join(info.number for info in exported)
+    names = ", ".join(exported)
+    numbers = " / ".join(name[:2] for name in exported)
     return ImportError(
         f"tinytrain.{submodule} failed to import ({type(error).__name__}: {error}). The package holds code "
         f"exported from your notebook(s) for module(s) {names}; `tinytrain reset {numbers}` puts the "

@@ -43,6 +43,7 @@ class GradScaler:
         self.clean_steps = 0  # clean steps since the scale last changed
         self.skipped_steps = 0
 
+    # student: Module 13
     def update(self, found_inf: bool) -> None:
         """Adjust the scale after a step: back off on overflow, grow after a run of clean steps.
 

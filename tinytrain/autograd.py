@@ -60,8 +60,8 @@ class Function:
     array or an array it saved on ``self``, but never an array that something
     else may change later (another tensor's data, a cache that could hand it out
     again while it is in use): the engine may keep a new array as a leaf's
-    ``.grad`` without a copy. (Module 11's buffer cache is safe: it never hands out
-    an array that anything else still refers to.)
+    ``.grad`` without a copy. (The library's buffer cache, ``tinytrain.runtime.buffers``,
+    is safe: it never hands out an array that anything else still refers to.)
     When ``self.owns_grad`` is true, nothing but the engine holds ``grad``, and
     ``backward`` may overwrite it and return it (see :func:`backward`).
     """
@@ -80,6 +80,7 @@ class Function:
     def backward(self, grad: Any) -> tuple:
         raise NotImplementedError
 
+    # student: Module 02
     @classmethod
     def apply(cls, *inputs: Any, **params: Any) -> Any:
         """Run the operation on tensors and record it in the graph if needed.
@@ -124,6 +125,7 @@ class Function:
         return out
 
 
+# student: Module 02
 def sum_to_shape(grad: Any, shape: tuple[int, ...]) -> Any:
     """Undo broadcasting: sum ``grad`` over the axes that broadcasting stretched.
 
@@ -194,6 +196,7 @@ def _accumulate(leaf: Any, grad: Any, unshared: bool = False) -> None:
         leaf.grad = leaf._make(leaf._backend.xp.array(grad, dtype=leaf.dtype, order=order), leaf._backend)
 
 
+# student: Module 02
 def backward(tensor: Any, grad: Any = None, retain_graph: bool = False) -> None:
     """Accumulate d(tensor)/d(leaf), weighted by ``grad``, into every leaf's ``.grad``.
 
@@ -280,6 +283,7 @@ class GradcheckError(AssertionError):
     """An analytic gradient disagrees with the central-difference estimate."""
 
 
+# student: Module 02
 def gradcheck(
     fn: Callable[..., Any], inputs: Sequence[Any], eps: float = 1e-6, atol: float = 1e-5, rtol: float = 1e-3
 ) -> bool:

@@ -158,6 +158,7 @@ def _import_when_called(path: str) -> Callable[[str], Backend]:
     return factory
 
 
+# student: Module 01
 def parse_device(device: str) -> tuple[str, int | None]:
     """Split ``"cuda:1"`` into ``("cuda", 1)``; ``"cpu"`` into ``("cpu", None)``.
 
@@ -179,6 +180,7 @@ def parse_device(device: str) -> tuple[str, int | None]:
     return kind, int(index)
 
 
+# student: Module 01
 def get_backend(device: str | Backend | None = None) -> Backend:
     """The (cached) backend for ``device``; ``None`` means ``"cpu"``.
 

@@ -152,6 +152,7 @@ class ModelCheckpoint(Callback):
                 found[int(match[1])] = path
         return dict(sorted(found.items()))
 
+    # student: Module 10
     def _prune(self, current: int) -> None:
         """Delete the epoch files up to ``current`` that are neither among the newest nor every-K-th.
 
@@ -252,6 +253,7 @@ class EarlyStopping(Callback):
         self.stopped_epoch: int | None = None
         self._best_weights: dict | None = None
 
+    # student: Module 10
     def on_epoch_end(self, trainer: Any, logs: dict[str, Any]) -> None:
         value = _monitored(logs, self.monitor)
         if _improves(value, self.best, self.mode, self.min_delta):

@@ -63,6 +63,7 @@ class TensorDataset(Dataset):
     ``__len__`` and ``__repr__`` read).
     """
 
+    # student: Module 08
     def __init__(self, *arrays: Any) -> None:
         if not arrays:
             raise ValueError("TensorDataset needs at least one array")
@@ -81,6 +82,7 @@ class TensorDataset(Dataset):
     def __len__(self) -> int:
         return len(self.arrays[0])
 
+    # student: Module 08
     def __getitem__(self, index: Any) -> tuple:
         """Row(s) ``index`` of every array: an int, an integer index array or a slice.
 
@@ -100,6 +102,7 @@ class TensorDataset(Dataset):
         return f"{type(self).__name__}({len(self)} samples of {fields})"
 
 
+# student: Module 08
 def batch_indices(order: np.ndarray, batch_size: int, drop_last: bool = False) -> list:
     """Cut an epoch's sample order into consecutive batches of ``batch_size`` indices.
 
@@ -132,6 +135,7 @@ def _check_alike(samples: Sequence[Any]) -> None:
                              "the samples of one batch must have the same shapes")
 
 
+# student: Module 08
 def collate(samples: Sequence[Any]) -> Any:
     """Stack a list of samples into one batch of NumPy arrays.
 
@@ -205,11 +209,13 @@ class DataLoader:
     def device(self) -> str:
         return self._backend.device
 
+    # student: Module 08
     def __len__(self) -> int:
         """The number of batches in one epoch."""
         n = len(self.dataset)
         return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
 
+    # student: Module 08
     def _epoch_order(self) -> np.ndarray:
         """This epoch's order of sample indices (int64).
 
@@ -222,6 +228,7 @@ class DataLoader:
             return self.generator.permutation(n)
         return np.arange(n)
 
+    # student: Module 08
     def _fetch(self, indices: np.ndarray) -> Any:
         """The samples ``indices`` as one batch of tensors on the loader's device.
 
@@ -391,6 +398,7 @@ class TokenWindows(Dataset):
                              f"inputs and the token after them), the stream has {len(tokens)}")
         self.tokens = tokens
 
+    # student: Module 08
     def __len__(self) -> int:
         """The number of windows: their starts are 0, stride, 2 * stride, ... up to N - context - 1."""
         return (len(self.tokens) - self.context - 1) // self.stride + 1
@@ -404,6 +412,7 @@ class TokenWindows(Dataset):
         inputs, targets = self.__getitems__(np.array([index % count]))
         return inputs[0], targets[0]
 
+    # student: Module 08
     def __getitems__(self, indices: np.ndarray) -> tuple:
         """The windows ``indices`` (an integer array of window numbers in ``[0, len(self))``) as one batch.
 

@@ -19,10 +19,11 @@ from tinytrain.data import DataLoader
 from tinytrain.tensor import Tensor
 
 
+# student: Module 13
 def shard_indices(order: np.ndarray, rank: int, world_size: int) -> np.ndarray:
     """Rank ``rank``'s share of an epoch's sample ``order``: every ``world_size``-th index
-    from position ``rank``, after padding ``order`` by wrapping around to a multiple of
-    ``world_size`` (so every rank gets ``ceil(len(order) / world_size)`` indices)."""
+    from position ``rank``, after padding ``order`` by wrapping around (as often as it takes)
+    to a multiple of ``world_size`` (so every rank gets ``ceil(len(order) / world_size)`` indices)."""
     total = -(-len(order) // world_size) * world_size
     padded = np.resize(order, total) if total != len(order) else order  # np.resize repeats from the start
     return padded[rank::world_size]
@@ -97,6 +98,7 @@ class DistributedDataLoader(DataLoader):
         super().load_state_dict({**state, "world_size": self.world_size})
 
 
+# student: Module 13
 def average_gradients(parameters: list[Tensor], comm: Any, extra: float = 0.0) -> float:
     """Replace every gradient by its mean over the ranks, with one all-reduce of a float32
     buffer that holds all of them (and ``extra`` at the end); returns the sum of ``extra``

@@ -36,6 +36,7 @@ class Mul(Function):
         self.a, self.b = a, b
         return a * b
 
+    # student: Module 02
     def backward(self, grad: Any) -> tuple:
         a, b = self.a, self.b
         grad_a = sum_to_shape(grad * b, a.shape) if self.inputs[0].requires_grad else None
@@ -69,6 +70,7 @@ class Pow(Function):
         self.out = a**b
         return self.out
 
+    # student: Module 02
     def backward(self, grad: Any) -> tuple:
         a, b = self.a, self.b
         grad_a = grad_b = None
@@ -87,6 +89,7 @@ class MatMul(Function):
         self.a, self.b = a, b
         return a @ b
 
+    # student: Module 02
     def backward(self, grad: Any) -> tuple:
         xp, a, b = self.xp, self.a, self.b
         a2 = a[None, :] if a.ndim == 1 else a
@@ -140,6 +143,7 @@ class Max(Function):
             () if axis is None else tuple(n for i, n in enumerate(a.shape) if i not in axis)
         )
 
+    # student: Module 02
     def backward(self, grad: Any) -> tuple:
         winners = self.a == self.peak
         counts = winners.sum(axis=self.axis, keepdims=True, dtype=grad.dtype)
@@ -206,6 +210,7 @@ class Tanh(Function):
 
 
 class Sigmoid(Function):
+    # student: Module 02
     def forward(self, a: Any) -> Any:
         decay = self.xp.exp(-self.xp.abs(a))  # in (0, 1]: never overflows
         self.out = self.xp.where(a >= 0, 1, decay) / (1 + decay)
@@ -252,12 +257,14 @@ class Clip(Function):
 
 
 class Softmax(Function):
+    # student: Module 02
     def forward(self, a: Any, axis: int) -> Any:
         self.axis = axis
         exps = self.xp.exp(a - a.max(axis=axis, keepdims=True))
         self.out = exps / exps.sum(axis=axis, keepdims=True)
         return self.out
 
+    # student: Module 02
     def backward(self, grad: Any) -> tuple:
         out = self.out
         return (out * (grad - (grad * out).sum(axis=self.axis, keepdims=True)),)
@@ -285,6 +292,7 @@ class GetItem(Function):
         self.shape, self.index = a.shape, index
         return a[index]
 
+    # student: Module 02
     def backward(self, grad: Any) -> tuple:
         full = self.xp.zeros(self.shape, dtype=grad.dtype)
         if _is_integer_array_index(self.index):

@@ -421,6 +421,7 @@ class SGD(Optimizer):
         """A zero momentum buffer (so the first step gives ``b = g``), or nothing without momentum."""
         return {"momentum_buffer": xp.zeros_like(param)} if group["momentum"] else {}
 
+    # student: Module 07
     def update(self, param: Any, grad: Any, state: dict[str, Any], group: dict[str, Any], xp: Any) -> None:
         """One SGD step on the array ``param``, in place (``grad`` is left untouched).
 
@@ -491,6 +492,7 @@ class Adam(Optimizer):
             grad = decayed
         self.adam_update(param, grad, state, group, xp)
 
+    # student: Module 07
     def adam_update(self, param: Any, grad: Any, state: dict[str, Any], group: dict[str, Any], xp: Any) -> None:
         """One Adam step on the array ``param``, in place, for ``grad`` (decay already included).
 
@@ -543,6 +545,7 @@ class AdamW(Adam):
     ) -> None:
         super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
 
+    # student: Module 07
     def update(self, param: Any, grad: Any, state: dict[str, Any], group: dict[str, Any], xp: Any) -> None:
         """Decay ``param`` in place by ``1 - lr * weight_decay`` (``group``'s), then ``adam_update``."""
         if group["weight_decay"]:

@@ -9,6 +9,9 @@ file (:mod:`tinytrain.serialization`), ``load_checkpoint`` puts it back.
 import warnings
 from typing import Any, Sequence
 
+import numpy as np
+
+from tinytrain.backend import memory_order
 from tinytrain.nn.module import Module
 from tinytrain.optim import Optimizer
 from tinytrain.serialization import CheckpointError, capture_rng_state, read_checkpoint, restore_rng_state, write_checkpoint
@@ -66,8 +69,11 @@ class Resumable:
             warnings.simplefilter("ignore", RuntimeWarning)
             before = {
                 "epoch": self.epoch, "step": self.step, "skipped_steps": self.skipped_steps,
-                "model": self.model.state_dict(), "modes": [module.training for module in self.model.modules()],
-                "optimizer": self.optimizer.state_dict(),
+                # what the load replaces rather than overwrites needs no copy to be put back: the arrays themselves
+                "model": {name: tensor.data for name, tensor in _model_state(self.model).items()}
+                if _adoptable(self.model, state["model"]) else self.model.state_dict(),
+                "modes": [module.training for module in self.model.modules()],
+                "optimizer": _optimizer_state(self.optimizer),
                 "scheduler": None if state.get("scheduler") is None or self.scheduler is None
                 else self.scheduler.state_dict(),
                 "history": self.history, **self._pending, "rng": capture_rng_state(),
@@ -82,9 +88,14 @@ class Resumable:
 
     def _apply_state(self, state: dict[str, Any]) -> None:
         """Put a checked checkpoint state (or :meth:`load_checkpoint`'s snapshot) in place; the parts
-        that can fail first, the random states last."""
-        self.model.load_state_dict(state["model"])
-        if isinstance(self.optimizer, Optimizer):  # the state was just read from the file: nothing else holds it
+        that can fail first, the random states last. The arrays of a state just read from a file (or of the
+        snapshot) belong to nothing else: the model and a tinytrain optimizer take them as they are."""
+        if _adoptable(self.model, state["model"]):
+            for name, tensor in _model_state(self.model).items():
+                tensor.data = state["model"][name]
+        else:
+            self.model.load_state_dict(state["model"])
+        if isinstance(self.optimizer, Optimizer):
             self.optimizer.load_state_dict(state["optimizer"], copy=False)
         else:
             self.optimizer.load_state_dict(state["optimizer"])
@@ -143,10 +154,33 @@ def _model_state(model: Any) -> dict[str, Any]:
 
 
 def _optimizer_state(optimizer: Any) -> dict[str, Any]:
-    """``optimizer.state_dict()``, without copying the buffers when it is a tinytrain optimizer."""
+    """``optimizer.state_dict()``, without copying the buffers when it is a tinytrain optimizer (whose
+    ``load_state_dict`` replaces its buffers rather than writing into them, so they also serve as the
+    snapshot a failed load puts back)."""
     if isinstance(optimizer, Optimizer):
         return optimizer.state_dict(copy=False)
     return optimizer.state_dict()
+
+
+def _adoptable(model: Any, saved: Any) -> bool:
+    """Whether loading ``saved`` into ``model`` may hand the model the saved arrays themselves instead
+    of copying them into its own: a ``Module`` with Module's own ``load_state_dict``, each of whose
+    tensors is a NumPy array that owns its memory (no view into a buffer something else keeps), and a
+    state of exactly its names with arrays of the same shape, dtype and memory order that own theirs.
+    Then the model's old arrays are untouched by the load, so they are the snapshot a failed load puts
+    back, and a load of 100 MB costs no copy of it. Anything else goes through ``load_state_dict``."""
+    if not isinstance(model, Module) or type(model).load_state_dict is not Module.load_state_dict:
+        return False
+    own = _model_state(model)
+    if not isinstance(saved, dict) or saved.keys() != own.keys():
+        return False
+    for name, tensor in own.items():
+        old, new = tensor.data, saved[name]
+        if not (type(old) is np.ndarray and type(new) is np.ndarray and old.base is None and new.base is None
+                and old.shape == new.shape and old.dtype == new.dtype and memory_order(old) == memory_order(new)
+                and new.flags.writeable):
+            return False
+    return True
 
 
 def callback_keys(callbacks: Sequence[Any]) -> list[str]:

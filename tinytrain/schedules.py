@@ -83,6 +83,7 @@ class CosineSchedule(Schedule):
         if warmup_epochs >= total_epochs:
             raise ValueError(f"warmup_epochs ({warmup_epochs}) must be less than total_epochs ({total_epochs})")
 
+    # student: Module 09
     def get_lr(self, epoch: int) -> float:
         """The rate for epoch ``epoch`` (0-based, a whole number: ``Schedule`` checks it):
         warmup ramp, cosine, then ``min_lr``."""
@@ -105,6 +106,7 @@ class CosineWarmRestarts(Schedule):
         self.first_cycle = check_int("first_cycle", first_cycle, minimum=1)
         self.cycle_mult = check_int("cycle_mult", cycle_mult, minimum=1)
 
+    # student: Module 09
     def get_lr(self, epoch: int) -> float:
         length = self.first_cycle
         if self.cycle_mult == 1:

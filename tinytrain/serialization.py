@@ -5,10 +5,12 @@
 A checkpoint holds plain data only: ``None``, booleans, numbers, strings, lists,
 dicts with string or integer keys, and NumPy arrays (tensors and device arrays are
 brought to the host: a copy from a GPU, the array itself on the CPU, since a save
-pickles it at once). The file is a pickle of ``{"format", "version", "sha256",
-"payload"}``: the payload is the pickled state, the sha256 its checksum, so a
-damaged copy is detected (version 1 files, the state itself without a checksum,
-still load). :func:`write_checkpoint` writes it to a temporary file in the same
+pickles it at once). The file starts with a pickle of ``{"format", "version",
+"header", "sizes", "crc32"}``: the header is the pickled state with its arrays left
+out (pickle protocol 5's out-of-band buffers), and the arrays' bytes follow the
+pickle, raw, in order (``sizes``); ``crc32`` holds the CRC-32 of the header and of
+each array, so a damaged copy is detected. Version 1 (the state itself) and 2 (the
+pickled state with its SHA-256) files still load. :func:`write_checkpoint` writes it to a temporary file in the same
 directory, fsyncs it and renames it over the target, so the target is always
 either the old or the new complete file. :func:`read_checkpoint` uses an unpickler
 that can build nothing but those types: a file that would call any other
@@ -32,14 +34,21 @@ import numpy as np
 from tinytrain.backend import backend_of_array, get_backend, loaded_backends
 from tinytrain.tensor import Tensor
 
+try:  # zlib-ng's CRC-32 is zlib's, bit for bit, at several times the speed (it uses the CPU's vector units)
+    from zlib_ng.zlib_ng import crc32
+except ImportError:
+    from zlib import crc32
+
 FORMAT = "tinytrain-checkpoint"
-VERSION = 2  # 1: the state itself; 2: the pickled state with its sha256
+VERSION = 3  # 1: the state itself; 2: the pickled state with its sha256; 3: a header, the arrays raw, CRC-32s
+CHUNK = 4 << 20  # bytes read at a time: each piece is checksummed while it is still in the cache
 
 
 class CheckpointError(ValueError):
     """A checkpoint file is truncated, corrupt, foreign or unsafe, or a state is not plain data."""
 
 
+# student: Module 10
 def to_plain(value: Any, where: str = "state") -> Any:
     """``value`` as plain data: tensors and device arrays become NumPy arrays on the host,
     tuples become lists, NumPy scalars become Python values of exact types (``np.float64``
@@ -87,6 +96,7 @@ def to_plain(value: Any, where: str = "state") -> Any:
     )
 
 
+# student: Module 10
 def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], None]) -> None:
     """Create or replace the file ``path`` with what ``write(file)`` writes, atomically.
 
@@ -144,6 +154,34 @@ def _safe_dtype(*args: Any) -> np.dtype:
     return dtype
 
 
+class _ArrayInFile:
+    """One array's bytes in a version 3 file: where they are, how many, their CRC-32. The header's
+    ``_frombuffer`` reads them, a few megabytes at a time, into a new array of the dtype and shape it
+    names -- its own memory, in the memory order it was saved in -- checking the CRC-32 as it goes."""
+
+    def __init__(self, path: Path, file: BinaryIO, offset: int, size: int, crc: int) -> None:
+        self.path, self.file, self.offset, self.size, self.crc, self.used = path, file, offset, size, crc, False
+
+    def read(self, dtype: np.dtype, shape: Any, order: Any) -> np.ndarray:
+        shape = tuple(shape) if isinstance(shape, (tuple, list)) else (shape,)
+        if self.used or not all(type(n) is int and n >= 0 for n in shape) or \
+                int(np.prod(shape, dtype=object)) * dtype.itemsize != self.size:
+            raise CheckpointError(f"{self.path} is corrupt: its header asks for an array of {shape} {dtype} where the "
+                                  f"file holds {self.size} bytes")
+        self.used = True
+        array = np.empty(shape, dtype=dtype, order="F" if order == "F" else "C")
+        raw = memoryview(array.ravel(order="K")).cast("B")  # the array's memory, as bytes in file order
+        self.file.seek(self.offset)
+        checksum = 0
+        for start in range(0, self.size, CHUNK):
+            piece = raw[start:start + CHUNK]
+            self.file.readinto(piece)  # the sizes were checked against the file's: every piece is there
+            checksum = crc32(piece, checksum)
+        if checksum != self.crc:
+            raise _damaged(self.path)
+        return array
+
+
 def _numpy_globals() -> dict[tuple[str, str], Any]:
     """The globals NumPy's array pickles name (both the NumPy 2 and NumPy 1 spellings)."""
     try:
@@ -154,10 +192,15 @@ def _numpy_globals() -> dict[tuple[str, str], Any]:
     def reconstruct(subtype: Any, shape: Any, dtype: Any) -> np.ndarray:  # a file can give the dtype as "O"
         return multiarray._reconstruct(subtype, shape, _safe_dtype(dtype))
 
+    def frombuffer(buffer: Any, dtype: Any, shape: Any, order: Any) -> np.ndarray:
+        if isinstance(buffer, _ArrayInFile):  # an array of a version 3 file: read straight into a new array
+            return buffer.read(_safe_dtype(dtype), shape, order)
+        return numeric._frombuffer(buffer, _safe_dtype(dtype), shape, order)
+
     allowed: dict[tuple[str, str], Any] = {("numpy", "ndarray"): np.ndarray, ("numpy", "dtype"): _safe_dtype}
     for package in ("numpy._core", "numpy.core"):
         allowed[(f"{package}.multiarray", "_reconstruct")] = reconstruct
-        allowed[(f"{package}.numeric", "_frombuffer")] = numeric._frombuffer
+        allowed[(f"{package}.numeric", "_frombuffer")] = frombuffer
     return allowed
 
 
@@ -166,6 +209,7 @@ class SafeUnpickler(pickle.Unpickler):
 
     allowed = _numpy_globals()
 
+    # student: Module 10
     def find_class(self, module: str, name: str) -> Any:
         found = self.allowed.get((module, name))
         if found is None:
@@ -181,9 +225,18 @@ def write_checkpoint(path: str | os.PathLike, state: dict[str, Any]) -> None:
     """Atomically write ``state`` (a dict, converted by :func:`to_plain`) as a checkpoint file."""
     if not isinstance(state, dict) or "format" in state or "version" in state:
         raise CheckpointError("a checkpoint state is a dict without the reserved keys 'format' and 'version'")
-    payload = pickle.dumps(to_plain(state, where="checkpoint"), protocol=5)
-    envelope = {"format": FORMAT, "version": VERSION, "sha256": hashlib.sha256(payload).hexdigest(), "payload": payload}
-    atomic_write(path, lambda file: pickle.dump(envelope, file, protocol=5))
+    buffers: list[pickle.PickleBuffer] = []
+    header = pickle.dumps(to_plain(state, where="checkpoint"), protocol=5, buffer_callback=buffers.append)
+    arrays = [buffer.raw() for buffer in buffers]  # each array's own memory, as bytes: nothing is copied
+    envelope = {"format": FORMAT, "version": VERSION, "header": header, "sizes": [raw.nbytes for raw in arrays],
+                "crc32": [crc32(header)] + [crc32(raw) for raw in arrays]}
+
+    def write(file: BinaryIO) -> None:
+        pickle.dump(envelope, file, protocol=5)
+        for raw in arrays:
+            file.write(raw)
+
+    atomic_write(path, write)
 
 
 _FOREIGN = {b"PK": "it is a zip archive, as torch.save and np.savez write", b"\x93NUMPY": "it is a .npy file (np.save)",
@@ -194,45 +247,81 @@ def read_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
     """The state saved by :func:`write_checkpoint`.
 
     Raises ``FileNotFoundError`` for a missing file and :class:`CheckpointError`
-    naming the file for a truncated or corrupt one (its checksum does not match),
-    a foreign one (not a pickle, or a pickle of something else), an unsafe one
-    (it names a function other than NumPy's, or holds Python objects) and one of
-    a later version.
+    naming the file for a truncated or corrupt one (a checksum does not match, or
+    its size is not what its header says), a foreign one (not a pickle, or a pickle
+    of something else), an unsafe one (it names a function other than NumPy's, or
+    holds Python objects) and one of a later version.
     """
     path = Path(path)
     with open(path, "rb") as file:
-        envelope = _unpickle(path, file, whole_file=True)
-    if not isinstance(envelope, dict) or envelope.get("format") != FORMAT:
-        found = f"a pickled {type(envelope).__name__}" if not isinstance(envelope, dict) else f"keys {sorted(map(str, envelope))[:8]}"
-        raise CheckpointError(f"{path} is not a tinytrain checkpoint (it holds {found})")
-    version = envelope.get("version")
-    if type(version) is not int or not 1 <= version <= VERSION:
-        raise CheckpointError(
-            f"{path} has checkpoint format version {version!r}; this tinytrain reads versions 1 to {VERSION}"
-        )
+        head = file.read(8)
+        if head and not head.startswith(b"\x80"):  # every pickle of protocol >= 2 starts so
+            looks = next((what for magic, what in _FOREIGN.items() if head.startswith(magic)), f"it starts with {head!r}")
+            raise CheckpointError(f"{path} is not a tinytrain checkpoint (a pickle, starting with b'\\x80'): {looks}")
+        file.seek(0)
+        envelope = _unpickle(path, file)
+        if not isinstance(envelope, dict) or envelope.get("format") != FORMAT:
+            found = f"a pickled {type(envelope).__name__}" if not isinstance(envelope, dict) else f"keys {sorted(map(str, envelope))[:8]}"
+            raise CheckpointError(f"{path} is not a tinytrain checkpoint (it holds {found})")
+        version = envelope.get("version")
+        if type(version) is not int or not 1 <= version <= VERSION:
+            raise CheckpointError(
+                f"{path} has checkpoint format version {version!r}; this tinytrain reads versions 1 to {VERSION}"
+            )
+        if version == 3:  # the header's unpickling reads the arrays that follow
+            state = _unpickle(path, io.BytesIO(envelope.get("header")), whole=True,
+                              arrays=_arrays_in_file(path, file, envelope))
+        elif file.read(1):
+            raise CheckpointError(f"{path} is corrupt: there are bytes after the end of the checkpoint")
     if version == 1:  # the state itself, without a checksum
         state = {key: value for key, value in envelope.items() if key not in ("format", "version")}
-    else:
+    elif version == 2:
         payload, recorded = envelope.get("payload"), envelope.get("sha256")
         if not isinstance(payload, bytes) or not isinstance(recorded, str):
             raise CheckpointError(f"{path} is corrupt: it lacks its payload or checksum (keys {sorted(map(str, envelope))})")
         if hashlib.sha256(payload).hexdigest() != recorded:
-            raise CheckpointError(f"{path} is corrupt: the checksum of its contents does not match the one saved "
-                                  f"with them (the file was damaged after it was written); load an earlier checkpoint")
-        state = _unpickle(path, io.BytesIO(payload), whole_file=False)
+            raise _damaged(path)
+        state = _unpickle(path, io.BytesIO(payload), whole=True)
     _refuse_non_plain_data(path, state)
     return state
 
 
-def _unpickle(path: Path, file: BinaryIO, whole_file: bool) -> Any:
-    """What ``SafeUnpickler`` reads from ``file`` (of the checkpoint ``path``); every failure a CheckpointError."""
-    head = file.read(8)
-    if whole_file and head and not head.startswith(b"\x80"):  # every pickle of protocol >= 2 starts so
-        looks = next((what for magic, what in _FOREIGN.items() if head.startswith(magic)), f"it starts with {head!r}")
-        raise CheckpointError(f"{path} is not a tinytrain checkpoint (a pickle, starting with b'\\x80'): {looks}")
-    file.seek(0)
+def _damaged(path: Path) -> CheckpointError:
+    return CheckpointError(f"{path} is corrupt: the checksum of its contents does not match the one saved with them "
+                           "(the file was damaged after it was written); load an earlier checkpoint")
+
+
+def _arrays_in_file(path: Path, file: BinaryIO, envelope: dict) -> list[_ArrayInFile]:
+    """The arrays that follow a version 3 envelope in ``file``, to be read by the header's unpickling;
+    the sizes and the header's CRC-32 are checked first."""
+    header, sizes, sums = envelope.get("header"), envelope.get("sizes"), envelope.get("crc32")
+    if not (isinstance(header, bytes) and isinstance(sizes, list) and isinstance(sums, list)
+            and all(type(size) is int and size >= 0 for size in sizes)
+            and len(sums) == len(sizes) + 1 and all(type(value) is int for value in sums)):
+        raise CheckpointError(f"{path} is corrupt: its header, array sizes or checksums are missing or malformed "
+                              f"(keys {sorted(map(str, envelope))})")
+    offset = file.tell()
+    held = os.fstat(file.fileno()).st_size - offset
+    if sum(sizes) > held:
+        raise CheckpointError(f"{path} is truncated or corrupt: its arrays take {sum(sizes)} bytes, and "
+                              f"{held} follow its header; load an earlier checkpoint")
+    if sum(sizes) < held:
+        raise CheckpointError(f"{path} is corrupt: there are bytes after the end of the checkpoint")
+    if crc32(header) != sums[0]:
+        raise _damaged(path)
+    arrays = []
+    for size, crc in zip(sizes, sums[1:]):
+        arrays.append(_ArrayInFile(path, file, offset, size, crc))
+        offset += size
+    return arrays
+
+
+def _unpickle(path: Path, file: BinaryIO, whole: bool = False, arrays: list[_ArrayInFile] = ()) -> Any:
+    """What ``SafeUnpickler`` reads from ``file`` (of the checkpoint ``path``), handed ``arrays`` for the
+    out-of-band buffers it names; every failure a CheckpointError. ``whole``: nothing may follow the pickle,
+    and every one of ``arrays`` must be read."""
     try:
-        loaded = SafeUnpickler(file).load()
+        loaded = SafeUnpickler(file, buffers=iter(arrays)).load()
     except CheckpointError as error:  # refused by SafeUnpickler: say which file
         raise CheckpointError(f"{path}: {error}") from None
     except Exception as error:  # EOFError, UnpicklingError, ValueError, ...: all mean a damaged file
@@ -240,8 +329,8 @@ def _unpickle(path: Path, file: BinaryIO, whole_file: bool) -> Any:
             f"{path} is truncated or corrupt ({path.stat().st_size} bytes; unpickling failed with "
             f"{type(error).__name__}: {error}); load an earlier checkpoint"
         ) from error
-    if file.read(1):
-        raise CheckpointError(f"{path} is corrupt: there are bytes after the end of the checkpoint")
+    if whole and (file.read(1) or not all(array.used for array in arrays)):
+        raise CheckpointError(f"{path} is corrupt: its header does not account for everything after it")
     return loaded
 
 
@@ -266,6 +355,7 @@ def _refuse_non_plain_data(path: Path, state: dict[str, Any]) -> None:
             raise CheckpointError(f"{path} is corrupt: {where} is a {type(value).__name__}, which is not plain data")
 
 
+# student: Module 10
 def capture_rng_state() -> dict[str, Any]:
     """The states of Python's, NumPy's global and every loaded tinytrain backend's generator:
     ``{"python": ..., "numpy": ..., "backends": {device: state}}``. A backend whose
@@ -279,6 +369,7 @@ def capture_rng_state() -> dict[str, Any]:
     return {"python": random.getstate(), "numpy": np.random.get_state(legacy=False), "backends": backends}
 
 
+# student: Module 10
 def restore_rng_state(state: dict[str, Any]) -> None:
     """Restore what :func:`capture_rng_state` returned (also after a round trip through a file).
 

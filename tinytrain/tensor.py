@@ -34,6 +34,7 @@ def tensor_dtype(dtype: Any) -> np.dtype:
     return dtype
 
 
+# student: Module 01
 def default_dtype(dtype: np.dtype) -> np.dtype:
     """The dtype a tensor gets for data of ``dtype`` when none is asked for.
 
@@ -447,6 +448,7 @@ class Tensor:
         return ops.LogSoftmax.apply(self._floating(), axis=_axis_arg(axis, self.ndim))
 
 
+# student: Module 01
 def to_array(data: Any, dtype: Any = None, device: Any = None) -> tuple[Any, Backend]:
     """A fresh array holding ``data`` on ``device`` and its backend.
 
@@ -489,21 +491,25 @@ def _filled(fill: Any, shape: Shape, dtype: Any, device: Any, requires_grad: boo
     return Tensor._make(array, backend).requires_grad_(requires_grad)
 
 
+# student: Module 01
 def zeros(*shape: Any, dtype: Any = None, device: Any = None, requires_grad: bool = False) -> Tensor:
     shape = _shape_arg(shape)
     return _filled(lambda b, s, d: b.xp.zeros(s, dtype=d), shape, dtype, device, requires_grad)
 
 
+# student: Module 01
 def ones(*shape: Any, dtype: Any = None, device: Any = None, requires_grad: bool = False) -> Tensor:
     shape = _shape_arg(shape)
     return _filled(lambda b, s, d: b.xp.ones(s, dtype=d), shape, dtype, device, requires_grad)
 
 
+# student: Module 01
 def randn(*shape: Any, dtype: Any = None, device: Any = None, requires_grad: bool = False) -> Tensor:
     shape = _shape_arg(shape)
     return _filled(lambda b, s, d: b.random_normal(s, d), shape, dtype, device, requires_grad)
 
 
+# student: Module 01
 def rand(*shape: Any, dtype: Any = None, device: Any = None, requires_grad: bool = False) -> Tensor:
     shape = _shape_arg(shape)
     return _filled(lambda b, s, d: b.random_uniform(s, d), shape, dtype, device, requires_grad)

@@ -99,6 +99,7 @@ def pair_counts(ids: list[int]) -> dict[tuple[int, int], int]:
     return dict(Counter(zip(ids, ids[1:])))
 
 
+# student: Module 14
 def merge(ids: list[int], pair: tuple[int, int], new_id: int) -> list[int]:
     """A new list: ``ids`` with each occurrence of ``pair`` replaced by ``new_id``.
 
@@ -134,6 +135,7 @@ class BPETokenizer:
     def vocab_size(self) -> int:
         return 256 + len(self.merges)
 
+    # student: Module 14
     def train(self, text: str, vocab_size: int) -> "BPETokenizer":
         """Learn ``vocab_size - 256`` merges from ``text``; returns the tokenizer.
 
@@ -157,6 +159,7 @@ class BPETokenizer:
         self.merges = merges
         return self
 
+    # student: Module 14
     def encode(self, text: str) -> list[int]:
         """The ids of ``text``: its UTF-8 bytes, then every merge, in the order learned, applied to the whole list."""
         check_type("text", text, str, "a string")

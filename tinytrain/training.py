@@ -23,6 +23,7 @@ from tinytrain.resume import Resumable, callback_keys
 from tinytrain.tensor import Tensor
 
 
+# student: Module 09
 def clip_grad_norm(parameters: Iterable[Tensor], max_norm: float = 1.0, error_if_nonfinite: bool = False) -> float:
     """Scale all gradients together so that their global L2 norm is at most ``max_norm``.
 
@@ -283,6 +284,7 @@ class Trainer(Resumable):
                 return False
         return self._clip_and_step(parameters, loss, norms)
 
+    # student: Module 09
     def _clip_and_step(self, parameters: list[Tensor], loss: float, norms: list[float]) -> bool:
         """Check, clip and step; whether the step was taken.
 
@@ -385,6 +387,7 @@ class Trainer(Resumable):
             self.history[key].append(value)
         return mean_loss
 
+    # student: Module 09
     def _accumulate(self, window: list[tuple[Tensor, Tensor]], parameters: list[Tensor]) -> float:
         """Forward and backward one window of ``(inputs, targets)`` batches; the window's summed loss.
 
@@ -408,6 +411,7 @@ class Trainer(Resumable):
             window_loss = summed if window_loss is None else window_loss + summed
         return window_loss.item()  # the one host read per step
 
+    # student: Module 09
     def evaluate(self, dataloader: Iterable[Any]) -> tuple[float, float]:
         """``(mean loss per sample, accuracy in [0, 1])`` over ``dataloader``.
 
@@ -602,6 +606,7 @@ def _array_bytes(value: Any) -> int:
     return int(getattr(value, "nbytes", 0))  # NumPy and device arrays; 0 for Python numbers
 
 
+# student: Module 09
 def memory_report(model: Any, optimizer: Any) -> dict[str, int | float]:
     """Bytes that training holds between steps, measured on the arrays as they are now.
 

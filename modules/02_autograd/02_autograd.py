@@ -137,8 +137,8 @@ class Function:
     array or an array it saved on ``self``, but never an array that something
     else may change later (another tensor's data, a cache that could hand it out
     again while it is in use): the engine may keep a new array as a leaf's
-    ``.grad`` without a copy. (Module 11's buffer cache is safe: it never hands out
-    an array that anything else still refers to.)
+    ``.grad`` without a copy. (The library's buffer cache, ``tinytrain.runtime.buffers``,
+    is safe: it never hands out an array that anything else still refers to.)
     When ``self.owns_grad`` is true, nothing but the engine holds ``grad``, and
     ``backward`` may overwrite it and return it (see :func:`backward`).
     """

@@ -94,10 +94,12 @@ def toy_model():
 A checkpoint holds plain data only: ``None``, booleans, numbers, strings, lists,
 dicts with string or integer keys, and NumPy arrays (tensors and device arrays are
 brought to the host: a copy from a GPU, the array itself on the CPU, since a save
-pickles it at once). The file is a pickle of ``{"format", "version", "sha256",
-"payload"}``: the payload is the pickled state, the sha256 its checksum, so a
-damaged copy is detected (version 1 files, the state itself without a checksum,
-still load). :func:`write_checkpoint` writes it to a temporary file in the same
+pickles it at once). The file starts with a pickle of ``{"format", "version",
+"header", "sizes", "crc32"}``: the header is the pickled state with its arrays left
+out (pickle protocol 5's out-of-band buffers), and the arrays' bytes follow the
+pickle, raw, in order (``sizes``); ``crc32`` holds the CRC-32 of the header and of
+each array, so a damaged copy is detected. Version 1 (the state itself) and 2 (the
+pickled state with its SHA-256) files still load. :func:`write_checkpoint` writes it to a temporary file in the same
 directory, fsyncs it and renames it over the target, so the target is always
 either the old or the new complete file. :func:`read_checkpoint` uses an unpickler
 that can build nothing but those types: a file that would call any other
@@ -121,8 +123,14 @@ import numpy as np
 from tinytrain.backend import backend_of_array, get_backend, loaded_backends
 from tinytrain.tensor import Tensor
 
+try:  # zlib-ng's CRC-32 is zlib's, bit for bit, at several times the speed (it uses the CPU's vector units)
+    from zlib_ng.zlib_ng import crc32
+except ImportError:
+    from zlib import crc32
+
 FORMAT = "tinytrain-checkpoint"
-VERSION = 2  # 1: the state itself; 2: the pickled state with its sha256
+VERSION = 3  # 1: the state itself; 2: the pickled state with its sha256; 3: a header, the arrays raw, CRC-32s
+CHUNK = 4 << 20  # bytes read at a time: each piece is checksummed while it is still in the cache
 
 
 class CheckpointError(ValueError):
@@ -312,6 +320,34 @@ def _safe_dtype(*args: Any) -> np.dtype:
     return dtype
 
 
+class _ArrayInFile:
+    """One array's bytes in a version 3 file: where they are, how many, their CRC-32. The header's
+    ``_frombuffer`` reads them, a few megabytes at a time, into a new array of the dtype and shape it
+    names -- its own memory, in the memory order it was saved in -- checking the CRC-32 as it goes."""
+
+    def __init__(self, path: Path, file: BinaryIO, offset: int, size: int, crc: int) -> None:
+        self.path, self.file, self.offset, self.size, self.crc, self.used = path, file, offset, size, crc, False
+
+    def read(self, dtype: np.dtype, shape: Any, order: Any) -> np.ndarray:
+        shape = tuple(shape) if isinstance(shape, (tuple, list)) else (shape,)
+        if self.used or not all(type(n) is int and n >= 0 for n in shape) or \
+                int(np.prod(shape, dtype=object)) * dtype.itemsize != self.size:
+            raise CheckpointError(f"{self.path} is corrupt: its header asks for an array of {shape} {dtype} where the "
+                                  f"file holds {self.size} bytes")
+        self.used = True
+        array = np.empty(shape, dtype=dtype, order="F" if order == "F" else "C")
+        raw = memoryview(array.ravel(order="K")).cast("B")  # the array's memory, as bytes in file order
+        self.file.seek(self.offset)
+        checksum = 0
+        for start in range(0, self.size, CHUNK):
+            piece = raw[start:start + CHUNK]
+            self.file.readinto(piece)  # the sizes were checked against the file's: every piece is there
+            checksum = crc32(piece, checksum)
+        if checksum != self.crc:
+            raise _damaged(self.path)
+        return array
+
+
 def _numpy_globals() -> dict[tuple[str, str], Any]:
     """The globals NumPy's array pickles name (both the NumPy 2 and NumPy 1 spellings)."""
     try:
@@ -322,10 +358,15 @@ def _numpy_globals() -> dict[tuple[str, str], Any]:
     def reconstruct(subtype: Any, shape: Any, dtype: Any) -> np.ndarray:  # a file can give the dtype as "O"
         return multiarray._reconstruct(subtype, shape, _safe_dtype(dtype))
 
+    def frombuffer(buffer: Any, dtype: Any, shape: Any, order: Any) -> np.ndarray:
+        if isinstance(buffer, _ArrayInFile):  # an array of a version 3 file: read straight into a new array
+            return buffer.read(_safe_dtype(dtype), shape, order)
+        return numeric._frombuffer(buffer, _safe_dtype(dtype), shape, order)
+
     allowed: dict[tuple[str, str], Any] = {("numpy", "ndarray"): np.ndarray, ("numpy", "dtype"): _safe_dtype}
     for package in ("numpy._core", "numpy.core"):
         allowed[(f"{package}.multiarray", "_reconstruct")] = reconstruct
-        allowed[(f"{package}.numeric", "_frombuffer")] = numeric._frombuffer
+        allowed[(f"{package}.numeric", "_frombuffer")] = frombuffer
     return allowed
 
 
@@ -371,26 +412,47 @@ print("SafeUnpickler OK")
 # %% [markdown]
 # The two public functions put the pieces together. `write_checkpoint` converts
 # the state to plain data (an error is raised before a single byte is written)
-# and pickles it: that is the *payload*. A flipped bit on a disk or a copy cut
-# short would still unpickle into a checkpoint with one wrong weight, so the
-# file also carries the payload's SHA-256 checksum. The file is a pickle of
+# and pickles it. Almost all of a checkpoint's bytes are arrays, so they are
+# kept out of the pickle: with protocol 5, `pickle.dumps(state,
+# buffer_callback=...)` hands each array's memory to the callback instead of
+# copying it into the pickle, and the small pickle that remains, the *header*,
+# only says where each one goes. The arrays' raw bytes follow the header in the
+# file, written straight from the arrays: no copy of the weights is made. A
+# flipped bit on a disk or a copy cut short would still load into a checkpoint
+# with one wrong weight, so the file also carries checksums: the CRC-32 of the
+# header and of each array, a checksum that a CPU computes at about the speed it
+# reads memory. The file is
 #
 # ```python
-# {"format": "tinytrain-checkpoint", "version": 2, "sha256": "9f86d0...", "payload": b"\x80\x05..."}
+# {"format": "tinytrain-checkpoint", "version": 3, "header": b"\x80\x05...",
+#  "sizes": [401408, 512, ...], "crc32": [2754307512, ...]}   # pickled, then the arrays' bytes
 # ```
 #
-# written atomically. `read_checkpoint` reverses it: it checks the stamp, then
-# the checksum, and only then unpickles the payload, again with `SafeUnpickler`.
-# Files of version 1 (the state itself, without a checksum) still load.
+# written atomically. `read_checkpoint` reverses it: it checks the stamp, the
+# sizes and the header's checksum, then unpickles the header, again with
+# `SafeUnpickler`. Where the header asks for an array, the file's bytes are read
+# straight into a new array of its dtype and shape, a few megabytes at a time,
+# each piece checksummed while it is in the cache, and a wrong checksum stops
+# the load. Files of version 1 (the state itself) and 2 (the pickled state and
+# its SHA-256) still load.
 
 # %% export="serialization"
 def write_checkpoint(path: str | os.PathLike, state: dict[str, Any]) -> None:
     """Atomically write ``state`` (a dict, converted by :func:`to_plain`) as a checkpoint file."""
     if not isinstance(state, dict) or "format" in state or "version" in state:
         raise CheckpointError("a checkpoint state is a dict without the reserved keys 'format' and 'version'")
-    payload = pickle.dumps(to_plain(state, where="checkpoint"), protocol=5)
-    envelope = {"format": FORMAT, "version": VERSION, "sha256": hashlib.sha256(payload).hexdigest(), "payload": payload}
-    atomic_write(path, lambda file: pickle.dump(envelope, file, protocol=5))
+    buffers: list[pickle.PickleBuffer] = []
+    header = pickle.dumps(to_plain(state, where="checkpoint"), protocol=5, buffer_callback=buffers.append)
+    arrays = [buffer.raw() for buffer in buffers]  # each array's own memory, as bytes: nothing is copied
+    envelope = {"format": FORMAT, "version": VERSION, "header": header, "sizes": [raw.nbytes for raw in arrays],
+                "crc32": [crc32(header)] + [crc32(raw) for raw in arrays]}
+
+    def write(file: BinaryIO) -> None:
+        pickle.dump(envelope, file, protocol=5)
+        for raw in arrays:
+            file.write(raw)
+
+    atomic_write(path, write)
 
 
 _FOREIGN = {b"PK": "it is a zip archive, as torch.save and np.savez write", b"\x93NUMPY": "it is a .npy file (np.save)",
@@ -401,45 +463,81 @@ def read_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
     """The state saved by :func:`write_checkpoint`.
 
     Raises ``FileNotFoundError`` for a missing file and :class:`CheckpointError`
-    naming the file for a truncated or corrupt one (its checksum does not match),
-    a foreign one (not a pickle, or a pickle of something else), an unsafe one
-    (it names a function other than NumPy's, or holds Python objects) and one of
-    a later version.
+    naming the file for a truncated or corrupt one (a checksum does not match, or
+    its size is not what its header says), a foreign one (not a pickle, or a pickle
+    of something else), an unsafe one (it names a function other than NumPy's, or
+    holds Python objects) and one of a later version.
     """
     path = Path(path)
     with open(path, "rb") as file:
-        envelope = _unpickle(path, file, whole_file=True)
-    if not isinstance(envelope, dict) or envelope.get("format") != FORMAT:
-        found = f"a pickled {type(envelope).__name__}" if not isinstance(envelope, dict) else f"keys {sorted(map(str, envelope))[:8]}"
-        raise CheckpointError(f"{path} is not a tinytrain checkpoint (it holds {found})")
-    version = envelope.get("version")
-    if type(version) is not int or not 1 <= version <= VERSION:
-        raise CheckpointError(
-            f"{path} has checkpoint format version {version!r}; this tinytrain reads versions 1 to {VERSION}"
-        )
+        head = file.read(8)
+        if head and not head.startswith(b"\x80"):  # every pickle of protocol >= 2 starts so
+            looks = next((what for magic, what in _FOREIGN.items() if head.startswith(magic)), f"it starts with {head!r}")
+            raise CheckpointError(f"{path} is not a tinytrain checkpoint (a pickle, starting with b'\\x80'): {looks}")
+        file.seek(0)
+        envelope = _unpickle(path, file)
+        if not isinstance(envelope, dict) or envelope.get("format") != FORMAT:
+            found = f"a pickled {type(envelope).__name__}" if not isinstance(envelope, dict) else f"keys {sorted(map(str, envelope))[:8]}"
+            raise CheckpointError(f"{path} is not a tinytrain checkpoint (it holds {found})")
+        version = envelope.get("version")
+        if type(version) is not int or not 1 <= version <= VERSION:
+            raise CheckpointError(
+                f"{path} has checkpoint format version {version!r}; this tinytrain reads versions 1 to {VERSION}"
+            )
+        if version == 3:  # the header's unpickling reads the arrays that follow
+            state = _unpickle(path, io.BytesIO(envelope.get("header")), whole=True,
+                              arrays=_arrays_in_file(path, file, envelope))
+        elif file.read(1):
+            raise CheckpointError(f"{path} is corrupt: there are bytes after the end of the checkpoint")
     if version == 1:  # the state itself, without a checksum
         state = {key: value for key, value in envelope.items() if key not in ("format", "version")}
-    else:
+    elif version == 2:
         payload, recorded = envelope.get("payload"), envelope.get("sha256")
         if not isinstance(payload, bytes) or not isinstance(recorded, str):
             raise CheckpointError(f"{path} is corrupt: it lacks its payload or checksum (keys {sorted(map(str, envelope))})")
         if hashlib.sha256(payload).hexdigest() != recorded:
-            raise CheckpointError(f"{path} is corrupt: the checksum of its contents does not match the one saved "
-                                  f"with them (the file was damaged after it was written); load an earlier checkpoint")
-        state = _unpickle(path, io.BytesIO(payload), whole_file=False)
+            raise _damaged(path)
+        state = _unpickle(path, io.BytesIO(payload), whole=True)
     _refuse_non_plain_data(path, state)
     return state
 
 
-def _unpickle(path: Path, file: BinaryIO, whole_file: bool) -> Any:
-    """What ``SafeUnpickler`` reads from ``file`` (of the checkpoint ``path``); every failure a CheckpointError."""
-    head = file.read(8)
-    if whole_file and head and not head.startswith(b"\x80"):  # every pickle of protocol >= 2 starts so
-        looks = next((what for magic, what in _FOREIGN.items() if head.startswith(magic)), f"it starts with {head!r}")
-        raise CheckpointError(f"{path} is not a tinytrain checkpoint (a pickle, starting with b'\\x80'): {looks}")
-    file.seek(0)
+def _damaged(path: Path) -> CheckpointError:
+    return CheckpointError(f"{path} is corrupt: the checksum of its contents does not match the one saved with them "
+                           "(the file was damaged after it was written); load an earlier checkpoint")
+
+
+def _arrays_in_file(path: Path, file: BinaryIO, envelope: dict) -> list[_ArrayInFile]:
+    """The arrays that follow a version 3 envelope in ``file``, to be read by the header's unpickling;
+    the sizes and the header's CRC-32 are checked first."""
+    header, sizes, sums = envelope.get("header"), envelope.get("sizes"), envelope.get("crc32")
+    if not (isinstance(header, bytes) and isinstance(sizes, list) and isinstance(sums, list)
+            and all(type(size) is int and size >= 0 for size in sizes)
+            and len(sums) == len(sizes) + 1 and all(type(value) is int for value in sums)):
+        raise CheckpointError(f"{path} is corrupt: its header, array sizes or checksums are missing or malformed "
+                              f"(keys {sorted(map(str, envelope))})")
+    offset = file.tell()
+    held = os.fstat(file.fileno()).st_size - offset
+    if sum(sizes) > held:
+        raise CheckpointError(f"{path} is truncated or corrupt: its arrays take {sum(sizes)} bytes, and "
+                              f"{held} follow its header; load an earlier checkpoint")
+    if sum(sizes) < held:
+        raise CheckpointError(f"{path} is corrupt: there are bytes after the end of the checkpoint")
+    if crc32(header) != sums[0]:
+        raise _damaged(path)
+    arrays = []
+    for size, crc in zip(sizes, sums[1:]):
+        arrays.append(_ArrayInFile(path, file, offset, size, crc))
+        offset += size
+    return arrays
+
+
+def _unpickle(path: Path, file: BinaryIO, whole: bool = False, arrays: list[_ArrayInFile] = ()) -> Any:
+    """What ``SafeUnpickler`` reads from ``file`` (of the checkpoint ``path``), handed ``arrays`` for the
+    out-of-band buffers it names; every failure a CheckpointError. ``whole``: nothing may follow the pickle,
+    and every one of ``arrays`` must be read."""
     try:
-        loaded = SafeUnpickler(file).load()
+        loaded = SafeUnpickler(file, buffers=iter(arrays)).load()
     except CheckpointError as error:  # refused by SafeUnpickler: say which file
         raise CheckpointError(f"{path}: {error}") from None
     except Exception as error:  # EOFError, UnpicklingError, ValueError, ...: all mean a damaged file
@@ -447,8 +545,8 @@ def _unpickle(path: Path, file: BinaryIO, whole_file: bool) -> Any:
             f"{path} is truncated or corrupt ({path.stat().st_size} bytes; unpickling failed with "
             f"{type(error).__name__}: {error}); load an earlier checkpoint"
         ) from error
-    if file.read(1):
-        raise CheckpointError(f"{path} is corrupt: there are bytes after the end of the checkpoint")
+    if whole and (file.read(1) or not all(array.used for array in arrays)):
+        raise CheckpointError(f"{path} is corrupt: its header does not account for everything after it")
     return loaded
 
 
@@ -581,6 +679,9 @@ file (:mod:`tinytrain.serialization`), ``load_checkpoint`` puts it back.
 import warnings
 from typing import Any, Sequence
 
+import numpy as np
+
+from tinytrain.backend import memory_order
 from tinytrain.nn.module import Module
 from tinytrain.optim import Optimizer
 from tinytrain.serialization import CheckpointError, capture_rng_state, read_checkpoint, restore_rng_state, write_checkpoint
@@ -638,8 +739,11 @@ class Resumable:
             warnings.simplefilter("ignore", RuntimeWarning)
             before = {
                 "epoch": self.epoch, "step": self.step, "skipped_steps": self.skipped_steps,
-                "model": self.model.state_dict(), "modes": [module.training for module in self.model.modules()],
-                "optimizer": self.optimizer.state_dict(),
+                # what the load replaces rather than overwrites needs no copy to be put back: the arrays themselves
+                "model": {name: tensor.data for name, tensor in _model_state(self.model).items()}
+                if _adoptable(self.model, state["model"]) else self.model.state_dict(),
+                "modes": [module.training for module in self.model.modules()],
+                "optimizer": _optimizer_state(self.optimizer),
                 "scheduler": None if state.get("scheduler") is None or self.scheduler is None
                 else self.scheduler.state_dict(),
                 "history": self.history, **self._pending, "rng": capture_rng_state(),
@@ -654,9 +758,14 @@ class Resumable:
 
     def _apply_state(self, state: dict[str, Any]) -> None:
         """Put a checked checkpoint state (or :meth:`load_checkpoint`'s snapshot) in place; the parts
-        that can fail first, the random states last."""
-        self.model.load_state_dict(state["model"])
-        if isinstance(self.optimizer, Optimizer):  # the state was just read from the file: nothing else holds it
+        that can fail first, the random states last. The arrays of a state just read from a file (or of the
+        snapshot) belong to nothing else: the model and a tinytrain optimizer take them as they are."""
+        if _adoptable(self.model, state["model"]):
+            for name, tensor in _model_state(self.model).items():
+                tensor.data = state["model"][name]
+        else:
+            self.model.load_state_dict(state["model"])
+        if isinstance(self.optimizer, Optimizer):
             self.optimizer.load_state_dict(state["optimizer"], copy=False)
         else:
             self.optimizer.load_state_dict(state["optimizer"])
@@ -715,10 +824,33 @@ def _model_state(model: Any) -> dict[str, Any]:
 
 
 def _optimizer_state(optimizer: Any) -> dict[str, Any]:
-    """``optimizer.state_dict()``, without copying the buffers when it is a tinytrain optimizer."""
+    """``optimizer.state_dict()``, without copying the buffers when it is a tinytrain optimizer (whose
+    ``load_state_dict`` replaces its buffers rather than writing into them, so they also serve as the
+    snapshot a failed load puts back)."""
     if isinstance(optimizer, Optimizer):
         return optimizer.state_dict(copy=False)
     return optimizer.state_dict()
+
+
+def _adoptable(model: Any, saved: Any) -> bool:
+    """Whether loading ``saved`` into ``model`` may hand the model the saved arrays themselves instead
+    of copying them into its own: a ``Module`` with Module's own ``load_state_dict``, each of whose
+    tensors is a NumPy array that owns its memory (no view into a buffer something else keeps), and a
+    state of exactly its names with arrays of the same shape, dtype and memory order that own theirs.
+    Then the model's old arrays are untouched by the load, so they are the snapshot a failed load puts
+    back, and a load of 100 MB costs no copy of it. Anything else goes through ``load_state_dict``."""
+    if not isinstance(model, Module) or type(model).load_state_dict is not Module.load_state_dict:
+        return False
+    own = _model_state(model)
+    if not isinstance(saved, dict) or saved.keys() != own.keys():
+        return False
+    for name, tensor in own.items():
+        old, new = tensor.data, saved[name]
+        if not (type(old) is np.ndarray and type(new) is np.ndarray and old.base is None and new.base is None
+                and old.shape == new.shape and old.dtype == new.dtype and memory_order(old) == memory_order(new)
+                and new.flags.writeable):
+            return False
+    return True
 
 
 def callback_keys(callbacks: Sequence[Any]) -> list[str]:

@@ -606,7 +606,11 @@ assert abs(accuracy["32-true"] - accuracy["16-mixed"]) <= 0.01
 # and takes every $P$-th index starting at its rank. If $N$ is not a multiple
 # of $P$, the permutation wraps around to pad it, so every rank has the same
 # number of batches — a rank with one batch more would wait forever in an
-# all-reduce that the others never join.
+# all-reduce that the others never join. It keeps wrapping for as long as it
+# takes, even with more ranks than samples: `[5, 3, 9, 1, 7]` on 2 ranks pads to
+# `[5, 3, 9, 1, 7, 5]` (rank 0 takes `[5, 9, 7]`, rank 1 `[3, 1, 5]`), and `[4, 2]`
+# on 5 ranks pads to `[4, 2, 4, 2, 4]` (ranks 0 to 4 take `[4]`, `[2]`, `[4]`,
+# `[2]`, `[4]`), where one copy of the start, `[4, 2, 4, 2]`, would be too short.
 
 # %% export="distributed"
 """Data-parallel training over MPI (mpi4py).
@@ -630,8 +634,8 @@ from tinytrain.tensor import Tensor
 
 def shard_indices(order: np.ndarray, rank: int, world_size: int) -> np.ndarray:
     """Rank ``rank``'s share of an epoch's sample ``order``: every ``world_size``-th index
-    from position ``rank``, after padding ``order`` by wrapping around to a multiple of
-    ``world_size`` (so every rank gets ``ceil(len(order) / world_size)`` indices)."""
+    from position ``rank``, after padding ``order`` by wrapping around (as often as it takes)
+    to a multiple of ``world_size`` (so every rank gets ``ceil(len(order) / world_size)`` indices)."""
     ### BEGIN SOLUTION
     total = -(-len(order) // world_size) * world_size
     padded = np.resize(order, total) if total != len(order) else order  # np.resize repeats from the start
@@ -783,6 +787,8 @@ class DataParallel:
 assert shard_indices(np.arange(8), 0, 2).tolist() == [0, 2, 4, 6]
 assert shard_indices(np.arange(8), 1, 2).tolist() == [1, 3, 5, 7]
 assert shard_indices(np.array([5, 3, 9, 1, 7]), 1, 2).tolist() == [3, 1, 5], "pad by wrapping around"
+assert [shard_indices(np.array([4, 2]), r, 5).tolist() for r in range(5)] == [[4], [2], [4], [2], [4]], \
+    "more ranks than samples: keep wrapping ([4, 2] pads to [4, 2, 4, 2, 4])"
 assert sorted(np.concatenate([shard_indices(np.arange(10), r, 3) for r in range(3)]).tolist()) \
     == sorted(list(range(10)) + [0, 1])
 

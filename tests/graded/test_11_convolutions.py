@@ -6,8 +6,9 @@ initialisation, max and average pooling (values, the first-maximum tie rule, ove
 ``student`` is the module's code: the installed package's, or a notebook's
 (``tinytrain grade 11``). Every value is compared with a plain NumPy loop written
 here, independent of im2col; gradients also with ``tt.gradcheck`` in float64 on
-tiny shapes. ``conv2d_loops`` lives in a lesson cell, not an export cell, so it is
-not among ``student``'s names: :func:`lesson_function` runs the cell that defines it.
+tiny shapes. The convolution's checks run on the CPU and on the strict device.
+``conv2d_loops`` lives in a lesson cell, not an export cell, so it is not among
+``student``'s names: :func:`lesson_function` runs the cell that defines it.
 """
 import ast
 import re
@@ -123,8 +124,13 @@ def loops_avg_pool_grad(shape, g, kernel, stride):
     return grad
 
 
-def t64(array, requires_grad=False):
-    return tt.tensor(np.asarray(array, dtype=np.float64), dtype="float64", requires_grad=requires_grad)
+def t64(array, requires_grad=False, device="cpu"):
+    return tt.tensor(np.asarray(array, dtype=np.float64), dtype="float64", device=device, requires_grad=requires_grad)
+
+
+def on_device(array, device):
+    """A NumPy array as an array of ``device``: what a ``Function``'s backward receives there."""
+    return tt.get_backend(device).from_host(np.asarray(array))
 
 
 def pair(value):
@@ -247,49 +253,79 @@ CONV_CASES = [
 ]
 # A layer as wide as the CNN milestone's (32 channels, 3x3, padding 1): the rules hold at every width.
 WIDE_X, WIDE_WEIGHT = (2, 32, 5, 3), (32, 32, 3, 3)
+# The convolution runs on the CPU and on the strict test device, which stands in for a GPU (its arrays refuse
+# to become NumPy arrays). The library hands NumPy layers to its kernels (tinytrain.kernels.convolution), so the
+# reference's recipe itself runs only off the CPU: every rule of the recipe is checked on both.
+DEVICES = {"cpu": "", "strict": ", on the strict device"}
+CROP = ("with padding 0, `ph:-ph` is `0:-0`, which is `0:0`: an empty slice; cut the padding off with "
+        "`ph:H - ph` (H the padded height; `pw:W - pw` across)")
+
+
+def expect_input_gradient_shape(got_shape, expected_shape, padding, what):
+    """The input gradient's shape; one that came out empty along an axis without padding names the likely cause."""
+    if tuple(got_shape) == tuple(expected_shape):
+        return
+    cause = any(got_shape[axis] == 0 != expected_shape[axis] and pad == 0 for axis, pad in zip((2, 3), padding))
+    raise AssertionError(f"{what}: expected an input gradient of shape {tuple(expected_shape)}, got shape "
+                         f"{tuple(got_shape)}" + (f": {CROP}" if cause else ""))
 
 
 @check(points=2, hint="Conv2dFunction.forward: pad H by padding[0] and W by padding[1] whenever either is non-zero, "
                       "im2col with the stride pair, weight.reshape(O, -1) @ cols gives (N, O, L), add "
                       "bias.reshape(O, 1) when there is one, reshape to (N, O, H_out, W_out); the result's dtype is "
-                      "NumPy's promotion of x's and the weight's (float32 stays float32)",
+                      "NumPy's promotion of x's and the weight's (float32 stays float32); all through xp, so that it "
+                      "runs on the strict device too",
        after=("test_im2col",))
 def test_conv_forward(student):
-    for x_shape, w_shape, stride, padding in CONV_CASES:
-        x, w, b = RNG.standard_normal(x_shape), RNG.standard_normal(w_shape), RNG.standard_normal(w_shape[0])
-        where = f"x {x_shape}, weight {w_shape}, stride {stride}, padding {padding}"
-        got = student.Conv2dFunction.apply(t64(x), t64(w), t64(b), stride=stride, padding=padding)
-        expect_close(got, loops_conv(x, w, b, stride, padding), f"Conv2dFunction with a bias, {where}", atol=1e-10)
-        got = student.Conv2dFunction.apply(t64(x), t64(w), stride=stride, padding=padding)
-        expect_close(got, loops_conv(x, w, None, stride, padding), f"Conv2dFunction without a bias, {where}",
-                     atol=1e-10)
-    x, w, b = RNG.standard_normal(WIDE_X), RNG.standard_normal(WIDE_WEIGHT) / 17, RNG.standard_normal(WIDE_WEIGHT[0])
-    got = student.Conv2dFunction.apply(t64(x), t64(w), t64(b), stride=(1, 1), padding=(1, 1))
-    expect_close(got, loops_conv(x, w, b, (1, 1), (1, 1)),
-                 f"Conv2dFunction with a bias, x {WIDE_X}, weight {WIDE_WEIGHT}, stride (1, 1), padding (1, 1)",
-                 atol=1e-10)
-    x, w = RNG.standard_normal((1, 2, 4, 4)), RNG.standard_normal((3, 2, 3, 3))
-    for x_dtype, w_dtype, dtype in [("float32", "float32", np.float32), ("float64", "float32", np.float64),
-                                    ("float32", "float64", np.float64)]:
-        got = student.Conv2dFunction.apply(tt.tensor(x, dtype=x_dtype), tt.tensor(w, dtype=w_dtype), stride=(1, 1),
-                                           padding=(1, 1))
-        expect_close(got, loops_conv(x.astype(x_dtype), w.astype(w_dtype), None, (1, 1), (1, 1)),
-                     f"Conv2dFunction of a {x_dtype} input and a {w_dtype} weight", rtol=1e-5, atol=1e-5, dtype=dtype)
+    for device, on in DEVICES.items():
+        for x_shape, w_shape, stride, padding in CONV_CASES:
+            x, w, b = RNG.standard_normal(x_shape), RNG.standard_normal(w_shape), RNG.standard_normal(w_shape[0])
+            where = f"x {x_shape}, weight {w_shape}, stride {stride}, padding {padding}{on}"
+            got = student.Conv2dFunction.apply(t64(x, device=device), t64(w, device=device), t64(b, device=device),
+                                               stride=stride, padding=padding)
+            expect_close(got, loops_conv(x, w, b, stride, padding), f"Conv2dFunction with a bias, {where}",
+                         atol=1e-10)
+            got = student.Conv2dFunction.apply(t64(x, device=device), t64(w, device=device), stride=stride,
+                                               padding=padding)
+            expect_close(got, loops_conv(x, w, None, stride, padding), f"Conv2dFunction without a bias, {where}",
+                         atol=1e-10)
+        x, w = RNG.standard_normal(WIDE_X), RNG.standard_normal(WIDE_WEIGHT) / 17
+        b = RNG.standard_normal(WIDE_WEIGHT[0])
+        got = student.Conv2dFunction.apply(t64(x, device=device), t64(w, device=device), t64(b, device=device),
+                                           stride=(1, 1), padding=(1, 1))
+        expect_close(got, loops_conv(x, w, b, (1, 1), (1, 1)),
+                     f"Conv2dFunction with a bias, x {WIDE_X}, weight {WIDE_WEIGHT}, stride (1, 1), padding (1, 1)"
+                     f"{on}", atol=1e-10)
+        x, w = RNG.standard_normal((1, 2, 4, 4)), RNG.standard_normal((3, 2, 3, 3))
+        for x_dtype, w_dtype, dtype in [("float32", "float32", np.float32), ("float64", "float32", np.float64),
+                                        ("float32", "float64", np.float64)]:
+            got = student.Conv2dFunction.apply(tt.tensor(x, dtype=x_dtype, device=device),
+                                               tt.tensor(w, dtype=w_dtype, device=device), stride=(1, 1),
+                                               padding=(1, 1))
+            expect_close(got, loops_conv(x.astype(x_dtype), w.astype(w_dtype), None, (1, 1), (1, 1)),
+                         f"Conv2dFunction of a {x_dtype} input and a {w_dtype} weight{on}", rtol=1e-5, atol=1e-5,
+                         dtype=dtype)
 
 
 @check(points=2, hint="Conv2dFunction.backward: with g = grad as (N, O, L): grad_weight = sum over n of "
-                      "g[n] @ cols[n].T reshaped to the weight's shape; grad_cols = W_rows.T @ g, col2im, then cut "
-                      "the padding off; grad_bias = g.sum over (0, 2); return one gradient per input",
+                      "g[n] @ cols[n].T reshaped to the weight's shape; grad_cols = W_rows.T @ g, col2im into the "
+                      "padded shape, then cut the padding off with ph:H - ph (with padding 0, ph:-ph is 0:0, an empty "
+                      "slice); grad_bias = g.sum over (0, 2); return one gradient per input",
        after=("test_conv_forward",))
 def test_conv_backward_gradcheck(student):
-    for x_shape, w_shape, stride, padding in [((2, 2, 4, 3), (3, 2, 2, 2), (1, 1), (1, 0)),
-                                              ((1, 2, 5, 4), (2, 2, 3, 2), (2, 1), (1, 2))]:
-        x, w, b = (t64(RNG.standard_normal(s), requires_grad=True) for s in (x_shape, w_shape, w_shape[:1]))
-        where = f"x {x_shape}, weight {w_shape}, stride {stride}, padding {padding}"
-        expect_gradcheck(lambda x, w, b: student.Conv2dFunction.apply(x, w, b, stride=stride, padding=padding),
-                         [x, w, b], f"Conv2dFunction with a bias, {where}")
-        expect_gradcheck(lambda x, w: student.Conv2dFunction.apply(x, w, stride=stride, padding=padding),
-                         [x, w], f"Conv2dFunction without a bias, {where}")
+    for device, on in DEVICES.items():
+        for x_shape, w_shape, stride, padding in [((2, 2, 4, 3), (3, 2, 2, 2), (1, 1), (1, 0)),
+                                                  ((1, 2, 5, 4), (2, 2, 3, 2), (2, 1), (1, 2))]:
+            x, w, b = (t64(RNG.standard_normal(s), requires_grad=True, device=device)
+                       for s in (x_shape, w_shape, w_shape[:1]))
+            where = f"x {x_shape}, weight {w_shape}, stride {stride}, padding {padding}{on}"
+            # gradcheck reads the gradient element by element: one of the wrong shape would fail it with an IndexError
+            student.Conv2dFunction.apply(x, w, b, stride=stride, padding=padding).sum().backward()
+            expect_input_gradient_shape(x.grad.shape, x_shape, padding, f"Conv2dFunction, {where}")
+            expect_gradcheck(lambda x, w, b: student.Conv2dFunction.apply(x, w, b, stride=stride, padding=padding),
+                             [x, w, b], f"Conv2dFunction with a bias, {where}")
+            expect_gradcheck(lambda x, w: student.Conv2dFunction.apply(x, w, stride=stride, padding=padding),
+                             [x, w], f"Conv2dFunction without a bias, {where}")
 
 
 @check(points=1, hint="Conv2dFunction.backward: compute grad_weight only if inputs[1].requires_grad and grad_x only "
@@ -299,15 +335,25 @@ def test_conv_backward_gradcheck(student):
                       "a bias, three with one)",
        after=("test_conv_forward", "test_col2im"))
 def test_conv_backward_against_loops(student):
+    for device, on in DEVICES.items():
+        check_backward_against_loops(student, device, on)
+
+
+def check_backward_against_loops(student, device, on):
+    """test_conv_backward_against_loops on one device (``on`` says which, in the messages)."""
+    def t(array, requires_grad=False):
+        return t64(array, requires_grad, device)
+
     for (x_shape, w_shape, stride, padding), frozen in zip(CONV_CASES, ["x", "weight", None, "x", "weight", None]):
         x, w = RNG.standard_normal(x_shape), RNG.standard_normal(w_shape)
-        xt, wt = t64(x, requires_grad=frozen != "x"), t64(w, requires_grad=frozen != "weight")
+        xt, wt = t(x, requires_grad=frozen != "x"), t(w, requires_grad=frozen != "weight")
         out = student.Conv2dFunction.apply(xt, wt, stride=stride, padding=padding)
         g = RNG.standard_normal(out.shape)
-        out.backward(t64(g))
+        out.backward(t(g))
         grad_x, grad_w, _ = loops_conv_grads(x, w, g, stride, padding)
-        where = f"x {x_shape}, weight {w_shape}, stride {stride}, padding {padding}"
+        where = f"x {x_shape}, weight {w_shape}, stride {stride}, padding {padding}{on}"
         if frozen != "x":
+            expect_input_gradient_shape(xt.grad.shape, x_shape, padding, where)
             expect_close(xt.grad, grad_x, f"input gradient, {where}", atol=1e-10)
         else:
             assert xt.grad is None, f"{where}, x without requires_grad: expected no gradient, got {xt.grad}"
@@ -316,28 +362,30 @@ def test_conv_backward_against_loops(student):
         else:
             assert wt.grad is None, f"{where}, weight without requires_grad: expected no gradient, got {wt.grad}"
     x, w, b = RNG.standard_normal((2, 2, 5, 4)), RNG.standard_normal((3, 2, 3, 3)), RNG.standard_normal(3)
-    xt, wt, bt = t64(x, requires_grad=True), t64(w), t64(b, requires_grad=True)  # a frozen weight, a trained bias
+    xt, wt, bt = t(x, requires_grad=True), t(w), t(b, requires_grad=True)  # a frozen weight, a trained bias
     out = student.Conv2dFunction.apply(xt, wt, bt, stride=(1, 1), padding=(1, 1))
     g = RNG.standard_normal(out.shape)
-    out.backward(t64(g))
-    where = "x (2, 2, 5, 4), weight (3, 2, 3, 3) without requires_grad, bias (3,) with it, padding (1, 1)"
+    out.backward(t(g))
+    where = f"x (2, 2, 5, 4), weight (3, 2, 3, 3) without requires_grad, bias (3,) with it, padding (1, 1){on}"
     expect_close(bt.grad, g.sum(axis=(0, 2, 3)), f"bias gradient, {where}", atol=1e-10)
     expect_close(xt.grad, loops_conv_grads(x, w, g, (1, 1), (1, 1))[0], f"input gradient, {where}", atol=1e-10)
     assert wt.grad is None, f"{where}: expected no weight gradient, got {wt.grad}"
     x, w, b = RNG.standard_normal(WIDE_X), RNG.standard_normal(WIDE_WEIGHT) / 17, RNG.standard_normal(WIDE_WEIGHT[0])
     for frozen in ("x", "weight", None):
-        xt, wt = t64(x, requires_grad=frozen != "x"), t64(w, requires_grad=frozen != "weight")
-        bt = t64(b, requires_grad=True)
+        xt, wt = t(x, requires_grad=frozen != "x"), t(w, requires_grad=frozen != "weight")
+        bt = t(b, requires_grad=True)
         out = student.Conv2dFunction.apply(xt, wt, bt, stride=(1, 1), padding=(1, 1))
         g = RNG.standard_normal(out.shape)
-        where = f"x {WIDE_X}, weight {WIDE_WEIGHT}, bias (32,), padding (1, 1), {frozen or 'nothing'} without requires_grad"
+        where = (f"x {WIDE_X}, weight {WIDE_WEIGHT}, bias (32,), padding (1, 1), {frozen or 'nothing'} without "
+                 f"requires_grad{on}")
         # what backward itself returns (on a graph of its own): None for an input that needs no gradient
-        returned = student.Conv2dFunction.apply(xt, wt, bt, stride=(1, 1), padding=(1, 1))._ctx.backward(g)
+        returned = student.Conv2dFunction.apply(xt, wt, bt, stride=(1, 1), padding=(1, 1))._ctx.backward(
+            on_device(g, device))
         for index, name in enumerate(("x", "weight")):
             if frozen == name:
                 assert returned[index] is None, f"{where}: Conv2dFunction.backward returned a {name} gradient " \
                                                 f"nobody needs (expected None)"
-        out.backward(t64(g))
+        out.backward(t(g))
         grad_x, grad_w, grad_b = loops_conv_grads(x, w, g, (1, 1), (1, 1))
         expect_close(bt.grad, grad_b, f"bias gradient, {where}", atol=1e-10)
         for name, leaf, expected in (("x", xt, grad_x), ("weight", wt, grad_w)):
@@ -345,25 +393,26 @@ def test_conv_backward_against_loops(student):
                 assert leaf.grad is None, f"{where}: expected no {name} gradient, got {leaf.grad}"
             else:
                 expect_close(leaf.grad, expected, f"{name} gradient, {where}", atol=1e-10)
-    frozen_bias = student.Conv2dFunction.apply(t64(x, requires_grad=True), t64(w, requires_grad=True), t64(b),
+    frozen_bias = student.Conv2dFunction.apply(t(x, requires_grad=True), t(w, requires_grad=True), t(b),
                                                stride=(1, 1), padding=(1, 1))
-    returned = frozen_bias._ctx.backward(RNG.standard_normal(frozen_bias.shape))
-    assert returned[2] is None, f"x {WIDE_X}, weight {WIDE_WEIGHT}, bias (32,) without requires_grad: " \
+    returned = frozen_bias._ctx.backward(on_device(RNG.standard_normal(frozen_bias.shape), device))
+    assert returned[2] is None, f"x {WIDE_X}, weight {WIDE_WEIGHT}, bias (32,) without requires_grad{on}: " \
                                 f"Conv2dFunction.backward returned a bias gradient nobody needs (expected None)"
     for x_shape, w_shape, padding in [((1, 2, 4, 4), (3, 2, 3, 3), (0, 0)), ((1, 32, 4, 4), WIDE_WEIGHT, (1, 1))]:
-        x, w, b = (t64(RNG.standard_normal(s), requires_grad=True) for s in (x_shape, w_shape, w_shape[:1]))
+        x, w, b = (t(RNG.standard_normal(s), requires_grad=True) for s in (x_shape, w_shape, w_shape[:1]))
         for inputs in ([x, w], [x, w, b]):
             out = student.Conv2dFunction.apply(*inputs, stride=(1, 1), padding=padding)
-            grads = out._ctx.backward(np.ones(out.shape))
+            grads = out._ctx.backward(on_device(np.ones(out.shape), device))
             expect_equal(len(grads), len(inputs), f"the number of gradients Conv2dFunction.backward returns for "
                                                   f"{len(inputs)} inputs ({'with' if len(inputs) == 3 else 'without'} "
-                                                  f"a bias), weight {w_shape}")
-    x, w, b = (tt.tensor(RNG.standard_normal(s), requires_grad=True) for s in ((2, 3, 6, 6), (4, 3, 3, 3), (4,)))
+                                                  f"a bias), weight {w_shape}{on}")
+    x, w, b = (tt.tensor(RNG.standard_normal(s), requires_grad=True, device=device)
+               for s in ((2, 3, 6, 6), (4, 3, 3, 3), (4,)))
     grads = student.Conv2dFunction.apply(x, w, b, stride=(1, 1), padding=(1, 1))._ctx.backward(
-        np.ones((2, 4, 6, 6), np.float32))
+        on_device(np.ones((2, 4, 6, 6), np.float32), device))
     expect_equal([str(g.dtype) for g in grads], ["float32"] * 3, "the dtypes of the gradients Conv2dFunction.backward "
                  "returns for float32 x (2, 3, 6, 6), weight (4, 3, 3, 3), bias (4,) and grad (a float64 accumulator "
-                 "makes every layer below compute in float64)")
+                 f"makes every layer below compute in float64){on}")
 
 
 # -- conv2d and Conv2d ------------------------------------------------------------------------------
@@ -525,7 +574,7 @@ def test_max_pool_backward_ties(student):
        after=("test_max_pool_forward",))
 def test_max_pool_backward_values(student):
     for kernel, stride in POOL_CASES:
-        for trial in range(2):  # the second round reuses the arrays of the first (the buffer cache)
+        for trial in range(2):  # a second round: nothing kept from the first (a cached array) may leak in
             x = RNG.permutation(2 * 3 * 6 * 8).reshape(2, 3, 6, 8) / 10.0  # distinct values
             xt = t64(x, requires_grad=True)
             out = student.max_pool2d(xt, kernel, stride)
@@ -566,7 +615,7 @@ def test_avg_pool_forward(student):
                       "no window get 0", after=("test_avg_pool_forward",))
 def test_avg_pool_backward(student):
     for kernel, stride in POOL_CASES:
-        for trial in range(2):  # the second round reuses the arrays of the first (the buffer cache)
+        for trial in range(2):  # a second round: nothing kept from the first (a cached array) may leak in
             xt = t64(RNG.standard_normal((2, 3, 6, 8)), requires_grad=True)
             out = student.avg_pool2d(xt, kernel, stride)
             g = RNG.standard_normal(out.shape)
@@ -612,7 +661,7 @@ def test_conv_batchnorm_block(student):
 
 
 @check(points=1, hint="all array math goes through the xp you are given (self.xp in a Function): make new arrays with "
-                      "xp.zeros / xp.empty (or buffers), never np.zeros -- the same code must run on the strict device",
+                      "xp.zeros / xp.empty, never np.zeros -- the same code must run on the strict device",
        after=("test_conv2d_functional", "test_max_pool_forward", "test_avg_pool_forward"))
 def test_runs_on_another_device(student):
     x, w, b = RNG.standard_normal((2, 2, 5, 4)), RNG.standard_normal((3, 2, 3, 2)), RNG.standard_normal(3)

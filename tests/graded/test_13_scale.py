@@ -306,8 +306,9 @@ def test_mixed_precision_scaling(student):
 
 # -- data parallelism -------------------------------------------------------------------------
 
-@check(points=2, hint="shard_indices: pad `order` to a multiple of world_size by wrapping around to its start, "
-                      "then take every world_size-th entry from position rank")
+@check(points=2, hint="shard_indices: pad `order` to a multiple of world_size by wrapping around to its start, as "
+                      "often as it takes ([4, 2] on 5 ranks pads to [4, 2, 4, 2, 4]), then take every world_size-th "
+                      "entry from position rank")
 def test_shard_indices(student):
     def shards(order, world_size):
         return [student.shard_indices(np.asarray(order), r, world_size).tolist() for r in range(world_size)]

@@ -83,6 +83,18 @@ def ref_attention(q, k, v, allowed=None, scale=None):
     return out
 
 
+def scale_mistake(got, q, k, v):
+    """How ``got`` got the scale wrong, when it is attention with a scale of 1 or of 1 / E instead of
+    1 / sqrt(E); None when it is neither."""
+    got, features = np.asarray(got.numpy() if hasattr(got, "numpy") else got), q.shape[-1]
+    for scale, mistake in ((1.0, f"the scores are not scaled: scale=None means 1 / sqrt(E) = 1 / sqrt({features})"),
+                           (1 / features, f"the scores are divided by E = {features}, not by sqrt(E)")):
+        wrong = ref_attention(q, k, v, scale=scale)
+        if got.shape == wrong.shape and np.allclose(got, wrong, rtol=1e-9, atol=1e-12):
+            return mistake
+    return None
+
+
 def causal(length, source):
     return np.array([[j <= i + source - length for j in range(source)] for i in range(length)])
 
@@ -304,7 +316,8 @@ def test_masked_softmax(student):
     expect_close(out, [[1.0, 0.0], [1.0, 0.0]], "MaskedSoftmax of float32 scores with a mask", dtype="float32")
 
 
-@check(points=2, hint="scaled_dot_product_attention: scores = (query * scale) @ key with its last two axes swapped "
+@check(points=2, hint="scaled_dot_product_attention: scale = 1 / sqrt(E) when scale is None (E = query.shape[-1]); "
+                      "scores = (query * scale) @ key with its last two axes swapped "
                       "(key.transpose(*range(key.ndim - 2), -1, -2)), weights = MaskedSoftmax.apply(scores, "
                       "allowed=allowed), return weights @ value; any number of leading axes, L != S, E != Ev",
        after="test_masked_softmax")
@@ -313,8 +326,15 @@ def test_attention_values(student):
                                       ((1, 3, 2, 4), (2, 1, 5, 4), (2, 3, 5, 3)), ((4, 3), (7, 3), (7, 2))]:
         q, k, v = RNG.standard_normal(q_shape), RNG.standard_normal(k_shape), RNG.standard_normal(v_shape)
         got = student.scaled_dot_product_attention(t64(q), t64(k), t64(v))
-        expect_close(got, ref_attention(q, k, v), f"attention of query {q_shape}, key {k_shape}, value {v_shape}",
-                     rtol=1e-9, atol=1e-12)
+        what = f"attention of query {q_shape}, key {k_shape}, value {v_shape}"
+        try:
+            expect_close(got, ref_attention(q, k, v), what, rtol=1e-9, atol=1e-12)
+        except AssertionError as failure:
+            mistake = scale_mistake(got, q, k, v)
+            if mistake is None:
+                raise
+            raise AssertionError(f"{what}: {mistake} (attention_scale checks the scale); "
+                                 f"{str(failure).removeprefix(what + ': ')}") from None
     q, k, v = (RNG.standard_normal((2, 3, 4)) for _ in range(3))
     expect_gradcheck(lambda q, k, v: student.scaled_dot_product_attention(q, k, v),
                      [t64(q, True), t64(k, True), t64(v, True)], "attention of (2, 3, 4) query, key and value")
@@ -335,7 +355,9 @@ def test_attention_scale(student):
 
 @check(points=3, hint="is_causal: allowed[i, j] = j <= i + (S - L), an (L, S) boolean array (xp.arange(S) <= "
                       "xp.arange(L)[:, None] + (S - L), with xp = query._backend.xp); a query that may attend no key "
-                      "gets zeros", after="test_attention_values")
+                      "gets zeros. The mask goes INTO the softmax (MaskedSoftmax.apply(scores, allowed=allowed)): "
+                      "weights zeroed after the softmax no longer sum to 1",
+       after=("test_attention_values", "test_masked_softmax"))
 def test_attention_causal(student):
     for length, source in [(5, 5), (2, 6), (1, 4), (6, 3)]:
         q, k, v = RNG.standard_normal((2, length, 3)), RNG.standard_normal((2, source, 3)), RNG.standard_normal(
@@ -369,7 +391,8 @@ def test_attention_causal(student):
 
 @check(points=2, hint="attn_mask arrives as the boolean array allowed (True where attention is allowed) and goes "
                       "to MaskedSoftmax unchanged; dropout(weights, dropout_p) on the weights after the softmax "
-                      "(dropout is the identity for dropout_p=0)", after="test_attention_values")
+                      "(dropout is the identity for dropout_p=0)",
+       after=("test_attention_values", "test_masked_softmax"))
 def test_attention_mask_and_dropout(student):
     q, k, v = RNG.standard_normal((2, 4, 3)), RNG.standard_normal((2, 5, 3)), RNG.standard_normal((2, 5, 2))
     mask = RNG.random((4, 5)) < 0.6

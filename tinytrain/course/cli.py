@@ -81,7 +81,7 @@ def _build(args: argparse.Namespace) -> int:
     for path in result.written:
         print(f"wrote {path.relative_to(root).as_posix()}")
     for path in result.removed:
-        print(f"removed {path.relative_to(root).as_posix()} (no module exports it any more)")
+        print(f"removed {path.relative_to(root).as_posix()} (no module source or milestone makes it any more)")
     if not result.written and not result.removed:
         print("up to date")
     return 0
@@ -94,7 +94,7 @@ def _report_stale(root: Path, stale: dict[Path, str]) -> int:
         return 0
     for path in sorted(stale):
         print(f"{path.relative_to(root).as_posix()}: {stale[path]}")
-    print(f"{len(stale)} generated file(s) differ from the module sources; run `tinytrain build`")
+    print(f"{len(stale)} generated file(s) differ from their sources (modules/, milestones/); run `tinytrain build`")
     return 1
 
 
@@ -445,22 +445,20 @@ def _mutants(args: argparse.Namespace) -> int:
 
 # -- milestones and doctor -----------------------------------------------------------------------
 def _milestone(args: argparse.Namespace) -> int:
-    """``tinytrain milestone NAME [options]``: run a milestone training script.
+    """``tinytrain milestone NAME [options]``: run the milestone recipe ``milestones/NAME.py``.
 
-    Asks for one BLAS thread unless the environment already chose: the matrix
-    products of these small networks are too small to share, and on a busy
-    2-core machine a second thread mostly waits (epochs measured 4-15x slower).
-    This must happen before NumPy is imported.
+    In this process, as ``python milestones/NAME.py [options]`` would: the recipe of
+    the project the package lives in, else the copy installed with the package (see
+    :func:`tinytrain.course.milestones.recipe_folder`). Importing the milestones
+    module asks for one BLAS thread, which works because NumPy is not loaded yet.
     """
-    for variable in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
-        os.environ.setdefault(variable, "1")
     try:
         from tinytrain.course import milestones
     except ModuleNotFoundError as error:
         if (error.name or "").startswith("tinytrain"):
             raise UsageError("this tinytrain has no milestones module") from None
         raise
-    available = sorted(getattr(milestones, "MILESTONES", {}))
+    available = milestones.available()
     if args.name not in available:
         raise UsageError(f"no milestone {args.name!r}; available: {', '.join(available) or 'none'}")
     return int(milestones.main(args.name, args.options) or 0)

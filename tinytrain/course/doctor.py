@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from tinytrain.course.diagnose import blame, exported_stubs, reset_advice
+from tinytrain.course.gpu import gpu_report
 from tinytrain.course.inventory import PACKAGE_DIR, dotted, installed_modules
 
 
@@ -70,12 +71,7 @@ def _check_numpy(root: Path | None) -> list[Finding]:
 
 
 def _check_cupy(root: Path | None) -> list[Finding]:
-    """The GPU findings of ``tinytrain.cuda.gpu_report`` (driver, CuPy wheel, devices)."""
-    try:
-        from tinytrain.cuda import gpu_report
-    except Exception as error:  # e.g. a broken export of Module 01 or 12
-        return [Finding("FAIL", f"tinytrain.cuda does not import: {type(error).__name__}: {error}",
-                        "tinytrain reset 12 (or 01) restores the reference")]
+    """The GPU findings of :func:`tinytrain.course.gpu.gpu_report` (driver, CuPy wheel, devices)."""
     return [Finding("FAIL" if not ok else "info" if fix else "ok", line, fix or "") for ok, line, fix in gpu_report()]
 
 
@@ -119,7 +115,7 @@ def _check_library(root: Path | None) -> list[Finding]:
     installed = installed_modules()
     owner = {dotted(target): name for name, info in installed.items() for target in info.targets}
     broken = []
-    for name in tinytrain.__all_modules__:
+    for name in dict.fromkeys([*tinytrain.__all_modules__, *owner]):  # and the files imported on demand (cuda)
         try:
             importlib.import_module(name)
         except Exception as error:

@@ -1,7 +1,8 @@
 """``tinytrain export`` and ``tinytrain reset``: a notebook's code into the package, and back out.
 
 Export writes each of the module's library files from the notebook's export cells
-(with the imports between them restored), after checking in a fresh interpreter
+(with the imports between them restored, and the functions that the reference marks
+as the student's marked the same way), after checking in a fresh interpreter
 that the package still imports with them; it keeps the replaced files as a
 backup. Reset puts the reference back, from that backup or from the module source.
 """
@@ -18,6 +19,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from tinytrain.course import markers
 from tinytrain.course.files import write_atomic
 from tinytrain.course.grading import NOTEBOOK_ENV
 from tinytrain.course.imports import sibling_imports
@@ -83,9 +85,22 @@ def _exported_files(notebook: Path, module: str,
         restored = _restore_imports(code, needs[target])
         added = restored.count("\n") - code.count("\n")  # imports that no cell held, put after the first imports
         position = _import_position(code)
-        texts[target] = f"{header}\n\n{restored}\n"
-        origins[target] = [None, None] + lines[:position] + [None] * added + lines[position:]
+        lines = lines[:position] + [None] * added + lines[position:]
+        marked, marker_lines = markers.mark(restored, _students_functions(module, target, package), module[:2])
+        for index in marker_lines:  # ascending: each index counts the marker lines above it
+            lines.insert(index, None)
+        texts[target] = f"{header}\n\n{marked}\n"
+        origins[target] = [None, None] + lines
     return texts, warnings, origins
+
+
+def _students_functions(module: str, target: str, package: Path) -> list[str]:
+    """The functions of ``module``'s ``target`` that the package's reference marks as the student's:
+    the reference file that an earlier export kept, else the file installed now."""
+    for path in (reference_backup(module, target, package), target_path(target, package)):
+        if path.is_file():
+            return [function for _, function in markers.marked_functions(path.read_text(encoding="utf-8"))]
+    return []
 
 
 def _join_cells(cells: list[ExportCell]) -> tuple[str, LineOrigins]:

@@ -26,6 +26,9 @@ EXPORT_HEADER = (
 )
 _TEST_FILE = re.compile(r"^test_(\d\d)_(\w+)\.py$")
 BACKUP_DIR = ".tinytrain-backup"  # inside the package folder; no .py files, so never imported
+# The milestone recipes (the project's milestones/*.py) as copies inside the package, relative to it: what
+# `tinytrain milestone NAME` runs where the package is installed without the project. `tinytrain build` writes them.
+RECIPES = "course/recipes"
 
 
 class UnknownModule(Exception):

@@ -44,7 +44,7 @@ class FillError(Exception):
     """A stub without a solution, a solution without a stub, or a solution that does not parse."""
 
 
-def _definitions(tree: ast.AST) -> list[tuple[str, ast.FunctionDef | ast.AsyncFunctionDef]]:
+def definitions(tree: ast.AST) -> list[tuple[str, ast.FunctionDef | ast.AsyncFunctionDef]]:
     """Every function of ``tree`` that is not inside another function, with its qualified name
     (``relu``, ``Sigmoid.backward``). A function defined inside one is part of its body."""
     found = []
@@ -76,7 +76,7 @@ def solution_bodies(path: Path) -> dict[str, str]:
         raise FillError(f"{path}:{error.lineno}: {error.msg}") from None
     lines = text.splitlines()
     bodies: dict[str, str] = {}
-    for name, node in _definitions(tree):
+    for name, node in definitions(tree):
         body = node.body
         if len(body) > 1 and isinstance(body[0], ast.Expr) and isinstance(getattr(body[0], "value", None), ast.Constant) \
                 and isinstance(body[0].value.value, str):
@@ -87,7 +87,7 @@ def solution_bodies(path: Path) -> dict[str, str]:
     return bodies
 
 
-def _stubs(source: str) -> list[tuple[str, int]]:
+def stubs(source: str) -> list[tuple[str, int]]:
     """(qualified name, line index of the ``raise``) of every stub in a cell's source."""
     try:
         tree = ast.parse(source)
@@ -95,7 +95,7 @@ def _stubs(source: str) -> list[tuple[str, int]]:
         return []
     lines = source.splitlines()
     found = []
-    for name, node in _definitions(tree):
+    for name, node in definitions(tree):
         for statement in ast.walk(node):
             if isinstance(statement, ast.Raise) and _STUB.match(lines[statement.lineno - 1]):
                 found.append((name, statement.lineno - 1))
@@ -110,7 +110,7 @@ def fill(notebook: nbformat.NotebookNode, bodies: dict[str, str]) -> nbformat.No
         if cell.cell_type != "code":
             continue
         lines = cell.source.split("\n")
-        for name, index in sorted(_stubs(cell.source), key=lambda stub: -stub[1]):
+        for name, index in sorted(stubs(cell.source), key=lambda stub: -stub[1]):
             if name not in bodies:
                 raise FillError(f"no solution for {name} (cell {cell.get('id')})")
             indent = _STUB.match(lines[index])[1]
@@ -124,22 +124,35 @@ def fill(notebook: nbformat.NotebookNode, bodies: dict[str, str]) -> nbformat.No
     return filled
 
 
+def solution_regions(text: str, filename: str = "<source>") -> list[tuple[str | None, int, int]]:
+    """Every solution region of ``text`` (a module source, or one of its cells), in order, as
+    ``(function, begin, end)``: the qualified name of the function that holds it (None for a
+    region outside every function) and the 1-based lines of its ``### BEGIN SOLUTION`` and
+    ``### END SOLUTION``."""
+    functions = [(node.lineno, node.end_lineno, name) for name, node in definitions(ast.parse(text, filename))]
+    regions: list[tuple[str | None, int, int]] = []
+    begin = None
+    for number, line in enumerate(text.splitlines(), 1):
+        if line.strip() == "### BEGIN SOLUTION":
+            begin = number
+        elif line.strip() == "### END SOLUTION" and begin is not None:
+            holders = [name for first, last, name in functions if first < begin <= last]
+            regions.append((holders[0] if holders else None, begin, number))  # definitions never nest
+            begin = None
+    return regions
+
+
 def reference_bodies(source: Path) -> dict[str, str]:
     """The solution regions of a module source (``modules/NN_name/NN_name.py``), by qualified name."""
     text = Path(source).read_text(encoding="utf-8")
     lines = text.splitlines()
-    functions = [(node.lineno, node.end_lineno, name) for name, node in _definitions(ast.parse(text, str(source)))]
     bodies: dict[str, str] = {}
-    begin = None
-    for number, line in enumerate(lines, 1):
-        if line.strip() == "### BEGIN SOLUTION":
-            begin = number
-        elif line.strip() == "### END SOLUTION" and begin is not None:
-            name = min((f for f in functions if f[0] < begin <= f[1]), key=lambda f: f[1] - f[0])[2]
-            if name in bodies:
-                raise FillError(f"{source}:{begin}: a second solution region in {name}")
-            bodies[name] = _dedent(lines[begin: number - 1])
-            begin = None
+    for name, begin, end in solution_regions(text, str(source)):
+        if name is None:
+            raise FillError(f"{source}:{begin}: a solution region outside every function")
+        if name in bodies:
+            raise FillError(f"{source}:{begin}: a second solution region in {name}")
+        bodies[name] = _dedent(lines[begin: end - 1])
     return bodies
 
 

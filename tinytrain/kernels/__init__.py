@@ -1,5 +1,12 @@
 """Fast paths that the library's reference solutions call, hand-written (not part of a lesson).
 
+* ``convolution``: the convolution on NumPy that Module 11's ``Conv2dFunction``
+  hands its layers to (``fast_path``): im2col in cache-sized parts of the batch,
+  col2im along whole rows, the bias as a row of ones;
 * ``winograd``: Winograd's F(2x2, 3x3) for 3x3 convolutions with many channels, on
-  the CPU (Module 11's ``Conv2dFunction``, explained in its section 8).
+  the CPU (one of ``convolution``'s kernels);
+* ``parts``: a batch cut into parts that fit the processor's caches (the
+  convolution's and Module 11's max pooling's).
+
+Module 11, section 8, explains and measures each of them.
 """

@@ -1,8 +1,9 @@
 """Winograd's minimal filtering F(2x2, 3x3): 3x3 convolutions with 2.25x fewer multiplications.
 
 Hand-written, not a student's: Module 11's reference ``Conv2dFunction`` hands its
-3x3, stride-1, padding-1 layers to :func:`forward` and :func:`backward` where
-:func:`applies` says they are faster (Module 11, section 8, explains and measures it).
+3x3, stride-1, padding-1 layers to :class:`WinogradConvolution` (through
+:func:`tinytrain.kernels.convolution.fast_path`) where :func:`applies` says it is
+faster (Module 11, section 8, explains and measures it).
 
 In one dimension, two outputs of a 3-tap filter ``g`` over four inputs ``d`` take
 four multiplications instead of six: ``y = A^T [(G g) * (B^T d)]``. Nested, a 4x4
@@ -44,6 +45,20 @@ def applies(xp: Any, x: Any, weight: Any, stride: tuple[int, int], padding: tupl
     return (xp is np and x.dtype == weight.dtype and x.dtype in (np.float32, np.float64)
             and weight.shape[2:] == (3, 3) and stride == (1, 1) and padding == (1, 1)
             and min(weight.shape[:2]) >= MIN_CHANNELS)
+
+
+class WinogradConvolution:
+    """:func:`forward` and :func:`backward` as a kernel of :mod:`tinytrain.kernels.convolution`, for one call
+    of a layer: ``forward(x, weight, bias)`` keeps the transformed tiles that ``backward(grad, need_x,
+    need_weight, need_bias)`` reads; the bias gradient is ``grad`` summed over the batch and the positions."""
+
+    def forward(self, x: Any, weight: Any, bias: Any) -> Any:
+        out, self.saved = forward(x, weight, bias)
+        return out
+
+    def backward(self, grad: Any, need_x: bool, need_weight: bool, need_bias: bool) -> tuple[Any, Any, Any]:
+        grad_x, grad_weight = backward(grad, self.saved, need_x, need_weight)
+        return grad_x, grad_weight, (grad.sum(axis=(0, 2, 3)) if need_bias else None)
 
 
 def transform_weight(weight: Any) -> Any:

@@ -15,6 +15,7 @@ from tinytrain.autograd import Function
 from tinytrain.tensor import Tensor
 
 
+# student: Module 03
 def relu(x: Tensor) -> Tensor:
     """Rectified linear unit, elementwise: ``max(x, 0)``.
 
@@ -23,6 +24,7 @@ def relu(x: Tensor) -> Tensor:
     return x.relu()
 
 
+# student: Module 03
 def sigmoid(x: Tensor) -> Tensor:
     """Logistic sigmoid, elementwise: ``1 / (1 + exp(-x))``, in (0, 1) (in float32, far
     from 0 it rounds to exactly 0.0 or 1.0).
@@ -32,6 +34,7 @@ def sigmoid(x: Tensor) -> Tensor:
     return x.sigmoid()
 
 
+# student: Module 03
 def tanh(x: Tensor) -> Tensor:
     """Hyperbolic tangent, elementwise: ``(e^x - e^-x) / (e^x + e^-x)``, in (-1, 1).
 
@@ -67,11 +70,13 @@ class GELUTanh(Function):
         u = SQRT_2_OVER_PI * clipped * (1 + GELU_CUBIC * clipped * clipped)
         return self.xp.tanh(u), clipped
 
+    # student: Module 03
     def forward(self, x: Any) -> Any:
         self.x = x
         t, _ = self._tanh_and_clipped(x)
         return 0.5 * x * (1 + t)
 
+    # student: Module 03
     def backward(self, grad: Any) -> tuple:
         x = self.x
         t, clipped = self._tanh_and_clipped(x)
@@ -79,6 +84,7 @@ class GELUTanh(Function):
         return (grad * (0.5 * (1 + t) + 0.5 * x * (1 - t * t) * du),)
 
 
+# student: Module 03
 def gelu(x: Tensor, approximate: str = "tanh") -> Tensor:
     """Gaussian error linear unit, tanh approximation, elementwise:
 
@@ -96,6 +102,7 @@ def gelu(x: Tensor, approximate: str = "tanh") -> Tensor:
     return GELUTanh.apply(x)
 
 
+# student: Module 03
 def softmax(x: Tensor, axis: int = -1) -> Tensor:
     """Softmax along ``axis``: ``exp(x_i) / sum_j exp(x_j)``.
 
@@ -107,6 +114,7 @@ def softmax(x: Tensor, axis: int = -1) -> Tensor:
     return x.softmax(axis)
 
 
+# student: Module 03
 def log_softmax(x: Tensor, axis: int = -1) -> Tensor:
     """Log-softmax along ``axis``: ``x_i - log(sum_j exp(x_j))``.
 

@@ -32,6 +32,7 @@ class MaskedSoftmax(Function):
     a new array of the scores' dtype, and leaves ``scores`` as it was.
     """
 
+    # student: Module 14
     def forward(self, scores: Any, *, allowed: Any) -> Any:
         xp = self.xp
         if allowed is not None:
@@ -82,6 +83,7 @@ def _attention_mask(query: Tensor, key: Tensor, value: Tensor, attn_mask: Any, i
     return mask.data
 
 
+# student: Module 14
 def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn_mask: Any = None,
                                  dropout_p: float = 0.0, is_causal: bool = False, scale: float | None = None) -> Tensor:
     """``softmax(query @ key^T * scale) @ value`` over the last two axes, with masked scores left out.
@@ -133,6 +135,7 @@ class CausalSelfAttention(Module):
         self.c_proj = Linear(embed_dim, embed_dim, bias=bias)
         self.resid_dropout = Dropout(self.dropout)
 
+    # student: Module 14
     def forward(self, x: Tensor) -> Tensor:
         if x.ndim != 3 or x.shape[-1] != self.embed_dim:
             raise ValueError(f"{type(self).__name__} expects input of shape (B, T, {self.embed_dim}), got {x.shape}")

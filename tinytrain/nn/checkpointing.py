@@ -30,6 +30,7 @@ class _enable_grad:
 class Recompute(Function):
     """A checkpointed segment: forward keeps no activations, backward recomputes them."""
 
+    # student: Module 13
     def forward(self, *arrays: Any, function: Callable[..., Tensor], count: int) -> Any:
         """Run ``function`` on the first ``count`` arrays (the rest is the anchor) under
         ``no_grad``; remember ``function`` and every generator's state for the recompute.
@@ -43,6 +44,7 @@ class Recompute(Function):
             raise TypeError(f"checkpoint: the function must return one Tensor, got {type(out).__name__}")
         return out.data
 
+    # student: Module 13
     def backward(self, grad: Any) -> tuple:
         """Recompute the segment with the saved random state (then put the current state
         back, even if the function raises), backpropagate ``grad`` through it, return the

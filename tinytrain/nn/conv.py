@@ -5,22 +5,23 @@ and the functional forms ``conv2d``, ``max_pool2d`` and ``avg_pool2d``.
 
 ``conv2d`` unfolds the image into columns (im2col, with ``sliding_window_view``)
 and computes every output with one matrix product; backward is two more products
-and a fold back (col2im) by strided additions, one per kernel offset. 3x3 layers
-with many channels go to Winograd's algorithm (``tinytrain.kernels.winograd``) on the CPU.
-Pooling visits the ``kH * kW`` offsets of its window the same way. All array math
-goes through the backend's ``xp``, so the code runs unchanged on every device, and
-nothing is read back to the host (no ``float()``, ``.item()`` or ``if`` on a device
-array: on a GPU each read waits for the device).
+and a fold back (col2im) by strided additions, one per kernel offset. On NumPy the
+convolution hands each layer to the library's fast paths instead
+(``tinytrain.kernels.convolution``: the same recipe in cache-sized parts of the
+batch, and Winograd's algorithm for wide 3x3 layers). Pooling visits the
+``kH * kW`` offsets of its window the same way. All array math goes through the
+backend's ``xp``, so the code runs unchanged on every device, and nothing is read
+back to the host (no ``float()``, ``.item()`` or ``if`` on a device array: on a GPU
+each read waits for the device).
 """
 import math
-import sys
 from typing import Any
 
 import numpy as np
 
-from tinytrain.runtime import allocator
 from tinytrain.autograd import Function
-from tinytrain.kernels import winograd
+from tinytrain.kernels import convolution
+from tinytrain.kernels.parts import cache_sized_parts
 from tinytrain.nn.layers import _uniform_parameter, check_floating_input
 from tinytrain.nn.normalization import _BatchNorm
 from tinytrain.nn.module import Module
@@ -45,6 +46,7 @@ def output_size(size: int, kernel: int, stride: int = 1, padding: int = 0) -> in
     return (size + 2 * padding - kernel) // stride + 1
 
 
+# student: Module 11
 def im2col(xp: Any, x: Any, kernel: tuple[int, int], stride: tuple[int, int], out: Any = None) -> Any:
     """Unfold the (already padded) images ``x`` of shape ``(N, C, H, W)`` into columns.
 
@@ -64,6 +66,7 @@ def im2col(xp: Any, x: Any, kernel: tuple[int, int], stride: tuple[int, int], ou
     return out
 
 
+# student: Module 11
 def col2im(xp: Any, cols: Any, shape: tuple[int, ...], kernel: tuple[int, int], stride: tuple[int, int],
            out: Any = None) -> Any:
     """The adjoint of :func:`im2col`: add every entry of ``cols`` ``(N, C*kH*kW, L)``
@@ -84,111 +87,6 @@ def col2im(xp: Any, cols: Any, shape: tuple[int, ...], kernel: tuple[int, int], 
     return image
 
 
-class BufferCache:
-    """Reusable arrays for the large results and temporaries of convolution and pooling.
-
-    ``empty(xp, shape, dtype)`` is ``xp.empty(shape, dtype=dtype)`` and ``zeros`` is
-    ``xp.zeros``, except that for NumPy they return an array created earlier when
-    nothing outside the cache refers to it any more — Python's reference count says
-    so exactly: an array held by a tensor, saved by a graph, or viewed by another
-    array is never handed out twice. At most ``max_bytes`` are kept, the least
-    recently used dropped first; larger arrays are never kept. ``clear()`` drops
-    them all, and ``max_bytes = 0`` turns the cache off. Other devices allocate
-    directly (CuPy has a memory pool of its own).
-    """
-
-    def __init__(self, max_bytes: int = 128 << 20) -> None:
-        self.max_bytes = max_bytes
-        self._arrays: list[np.ndarray] = []  # least recently used first
-        # The reference count of an array that only the cache's list refers to, measured
-        # exactly the way _free() measures it (the number differs between Python versions).
-        self._alone = next(map(sys.getrefcount, [np.empty(0)])) if hasattr(sys, "getrefcount") else None
-
-    def empty(self, xp: Any, shape: tuple[int, ...], dtype: Any) -> Any:
-        """An uninitialised array of ``shape`` and ``dtype`` on ``xp``'s device."""
-        dtype = np.dtype(dtype)
-        nbytes = math.prod(shape) * dtype.itemsize
-        if xp is not np or self._alone is None or nbytes > self.max_bytes:
-            return xp.empty(shape, dtype=dtype)
-        free = self._free()
-        for index in free:
-            array = self._arrays[index]
-            if array.shape == shape and array.dtype == dtype:
-                self._arrays.append(self._arrays.pop(index))  # now the most recently used
-                return array
-        kept = self.nbytes
-        for index in free:  # least recently used first: drop unused arrays to make room
-            if kept + nbytes <= self.max_bytes:
-                break
-            kept -= self._arrays[index].nbytes
-            self._arrays[index] = None
-        self._arrays = [array for array in self._arrays if array is not None]
-        array = xp.empty(shape, dtype=dtype)
-        if kept + nbytes <= self.max_bytes:
-            self._arrays.append(array)
-        return array
-
-    def zeros(self, xp: Any, shape: tuple[int, ...], dtype: Any) -> Any:
-        """An array of zeros of ``shape`` and ``dtype`` on ``xp``'s device."""
-        if xp is not np:
-            return xp.zeros(shape, dtype=dtype)
-        array = self.empty(xp, shape, dtype)
-        array.fill(0)
-        return array
-
-    def _free(self) -> list[int]:
-        """Indices of the cached arrays that nothing else refers to."""
-        return [index for index, count in enumerate(map(sys.getrefcount, self._arrays)) if count <= self._alone]
-
-    def clear(self) -> None:
-        self._arrays = []
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes held by the cache, in use or not."""
-        return sum(array.nbytes for array in self._arrays)
-
-
-# Where the C heap keeps freed memory (tinytrain/runtime/allocator.py: glibc, set at import), a fresh
-# array reuses memory the last step freed and the step runs faster than with the cache's own
-# arrays (section 8 measures it); the cache serves where the heap cannot be told to keep it.
-buffers = BufferCache(max_bytes=0 if allocator.in_effect() else 128 << 20)
-
-
-# im2col writes a part of the batch this size at most, so the matrix product reads it back
-# from the cache instead of main memory (section 8). On our machine (1 MiB of L2 cache per
-# core, 32 MiB of L3) 2 MiB was the fastest of 256 KiB to 8 MiB, by 5-15%.
-CACHE_BYTES = 2 << 20
-
-
-def batch_slices(xp: Any, array: Any) -> list[slice]:
-    """Slices of ``array``'s first (batch) axis, each at most ``CACHE_BYTES`` and at least one
-    image; one slice of everything where ``xp`` is not NumPy (a GPU wants large products)."""
-    n = array.shape[0]
-    per_image = array.nbytes // max(n, 1)
-    step = max(1, n if xp is not np else CACHE_BYTES // max(per_image, 1))  # range() needs a step of 1 or more
-    return [slice(start, start + step) for start in range(0, n, step)] or [slice(0, 0)]
-
-
-def add_windows(cols: Any, image: Any, kernel: tuple[int, int]) -> None:
-    """col2im for stride 1 along whole rows: add ``cols`` into the (padded) ``image`` (N, C, H, W).
-
-    ``cols`` is (N, C * kH * kW, H_out * W): a column for each position of a *full* image
-    row, so output (r, q) is column r * W + q; the ``kW - 1`` columns with q >= W_out
-    (past the last window of a row) must hold zeros. The window at offset (i, j) of
-    every output is then the flattened image shifted by ``i * W + j``: one addition of
-    contiguous runs per offset, where col2im adds rows of W_out elements.
-    """
-    n, c, height, width = image.shape
-    kh, kw = kernel
-    flat = image.reshape(n, c, height * width)
-    patches = cols.reshape(n, c, kh * kw, cols.shape[-1])
-    length = (height - kh) * width + (width - kw + 1)  # up to the last real output: no shift runs past the end
-    for k in range(kh * kw):
-        start = (k // kw) * width + k % kw  # offset (i, j) of the window, row by row
-        flat[:, :, start:start + length] += patches[:, :, k, :length]
-
-
 class Conv2dFunction(Function):
     """``conv2d`` as one graph node: im2col and one matrix product forward; two
     products and col2im backward. Inputs ``x`` (N, C, H, W), ``weight`` (O, C, kH, kW)
@@ -197,91 +95,46 @@ class Conv2dFunction(Function):
     ``backward`` returns one gradient per input: two without a bias, three with one,
     each in ``grad``'s dtype (float32 for a float32 layer: no float64 accumulators)."""
 
+    # student: Module 11
     def forward(self, x: Any, weight: Any, bias: Any = None, *, stride: tuple[int, int],
                 padding: tuple[int, int]) -> Any:
         xp = self.xp
-        self.winograd = None
-        if winograd.applies(xp, x, weight, stride, padding):  # a 3x3 layer with many channels (section 8)
-            out, self.winograd = winograd.forward(x, weight, bias)
-            return out
-        n, channels, height, width = x.shape
-        out_channels, _, kh, kw = weight.shape
-        (ph, pw), (sh, sw) = padding, stride
-        self.padded_shape = (n, channels, height + 2 * ph, width + 2 * pw)
-        out_h, out_w = output_size(height, kh, sh, ph), output_size(width, kw, sw, pw)
-        rows = weight.reshape(out_channels, -1)
-        unfolded = rows.shape[1]  # C * kH * kW
-        if bias is not None:  # the bias as the weight of a row of ones below the columns: the product adds it
-            rows = xp.concatenate([rows, bias.reshape(out_channels, 1).astype(rows.dtype, copy=False)], axis=1)
-        cols = buffers.empty(xp, (n, rows.shape[1], out_h * out_w), x.dtype)
-        out = buffers.empty(xp, (n, out_channels, out_h * out_w), xp.result_type(rows, cols))  # (N, O, L): NCHW
-        parts = batch_slices(xp, cols)
-        if padding != (0, 0):  # one padded part, its border zeroed once; each part copies in its images
-            padded = buffers.zeros(xp, (len(x[parts[0]]),) + self.padded_shape[1:], x.dtype)
-        for part in parts:  # a few images at a time: each step reads what the last one wrote
-            images = x[part]
-            if padding != (0, 0):
-                padded[:len(images), :, ph:ph + height, pw:pw + width] = images
-                images = padded[:len(images)]
-            im2col(xp, images, (kh, kw), stride, out=cols[part, :unfolded])
-            cols[part, unfolded:] = 1  # the row of ones (an empty slice without a bias)
-            xp.matmul(rows, cols[part], out=out[part])
-        self.cols, self.weight, self.stride, self.padding = cols, weight, stride, padding
-        return out.reshape(n, out_channels, out_h, out_w)
+        self.fast = convolution.fast_path(xp, x, weight, stride, padding)  # NumPy's kernels; None elsewhere
+        if self.fast is not None:
+            return self.fast.forward(x, weight, bias)
+        (ph, pw), (out_channels, _, kh, kw) = padding, weight.shape
+        x = self.backend.pad(x, ((0, 0), (0, 0), (ph, ph), (pw, pw)))
+        n, _, height, width = x.shape
+        cols = im2col(xp, x, (kh, kw), stride)  # (N, C kH kW, L)
+        out = xp.matmul(weight.reshape(out_channels, -1), cols)  # (N, O, L): each image's rows are its channels
+        if bias is not None:
+            out += bias.reshape(out_channels, 1)
+        self.cols, self.weight, self.stride, self.padding, self.padded_shape = cols, weight, stride, padding, x.shape
+        return out.reshape(n, out_channels, output_size(height, kh, stride[0]), output_size(width, kw, stride[1]))
 
+    # student: Module 11
     def backward(self, grad: Any) -> tuple:
         need_x, need_weight = self.inputs[0].requires_grad, self.inputs[1].requires_grad
         need_bias = len(self.inputs) == 3 and self.inputs[2].requires_grad
-        if self.winograd is not None:
-            grad_x, grad_weight = winograd.backward(grad, self.winograd, need_x, need_weight)
-            grad_bias = grad.sum(axis=(0, 2, 3)) if need_bias else None
-            return (grad_x, grad_weight) if len(self.inputs) == 2 else (grad_x, grad_weight, grad_bias)
-        xp, cols, weight = self.xp, self.cols, self.weight
+        if self.fast is not None:
+            return self.fast.backward(grad, need_x, need_weight, need_bias)[:len(self.inputs)]
+        xp, weight = self.xp, self.weight
         n, out_channels, out_h, out_w = grad.shape
         g = grad.reshape(n, out_channels, out_h * out_w)  # (N, O, L); -1 cannot be inferred for an empty batch
-        rows = weight.reshape(out_channels, -1)
-        unfolded = rows.shape[1]
-        parts = batch_slices(xp, cols)
         grad_x = grad_weight = grad_bias = None
         if need_x:
-            (ph, pw), (_, channels, height, width) = self.padding, self.padded_shape
-            grad_x = buffers.empty(xp, (n, channels, height - 2 * ph, width - 2 * pw), g.dtype)
-            # stride 1: the column gradient gets a column for every position of a padded row (add_windows)
-            row_length = width if self.stride == (1, 1) else out_w
-            part_size = len(grad[parts[0]])
-            g_rows = buffers.zeros(xp, (part_size, out_channels, out_h, row_length), g.dtype)  # zeros past out_w
-            grad_cols = buffers.empty(xp, (part_size, unfolded, out_h * row_length), g.dtype)
-            # one part's padded input gradient, where there is padding: its inside is copied out (below)
-            padded = buffers.empty(xp, (part_size,) + self.padded_shape[1:], g.dtype) if ph or pw else None
-        weight_parts = []  # per part, as (C kH kW [+ 1], O): cols @ g.T is the faster order for BLAS
-        for part in parts:  # each part's columns and gradient are read while they are in the cache
-            if need_weight:  # with a bias, the row of ones gives its gradient (the sum of g) as well
-                weight_parts.append(xp.matmul(cols[part], g[part].transpose(0, 2, 1)).sum(axis=0))
-            if need_x:
-                m = len(grad[part])
-                g_rows[:m, :, :, :out_w] = grad[part]
-                xp.matmul(rows.T, g_rows[:m].reshape(m, out_channels, out_h * row_length), out=grad_cols[:m])
-                image = grad_x[part] if padded is None else padded[:m]
-                image.fill(0)
-                if row_length == out_w:
-                    col2im(xp, grad_cols[:m], image.shape, weight.shape[2:], self.stride, out=image)
-                else:
-                    add_windows(grad_cols[:m], image, weight.shape[2:])
-                if padded is not None:
-                    # The padding is not an input. Copied out while in the cache, grad_x stays contiguous:
-                    # the previous layer's backward would run up to 10x slower over a view of short rows.
-                    grad_x[part] = image[:, :, ph:height - ph, pw:width - pw]
+            grad_cols = xp.matmul(weight.reshape(out_channels, -1).T, g)  # (N, C kH kW, L)
+            grad_padded = col2im(xp, grad_cols, self.padded_shape, weight.shape[2:], self.stride)
+            (ph, pw), (height, width) = self.padding, self.padded_shape[2:]
+            grad_x = grad_padded[:, :, ph:height - ph, pw:width - pw]  # the padding is not an input
         if need_weight:
-            total = sum(weight_parts)
-            grad_weight = total[:unfolded].T.reshape(weight.shape)
-            grad_bias = total[unfolded] if need_bias else None
-        elif need_bias:  # a frozen weight: the bias gradient alone
+            grad_weight = xp.matmul(g, self.cols.transpose(0, 2, 1)).sum(axis=0).reshape(weight.shape)
+        if need_bias:
             grad_bias = g.sum(axis=(0, 2))
-        if len(self.inputs) == 2:
-            return grad_x, grad_weight
-        return grad_x, grad_weight, grad_bias
+        return (grad_x, grad_weight, grad_bias)[:len(self.inputs)]
 
 
+# student: Module 11
 def conv2d(x: Tensor, weight: Tensor, bias: Tensor | None = None, stride: Any = 1, padding: Any = 0, *,
            b: Tensor | None = None) -> Tensor:
     """2-D convolution (cross-correlation, as in every DL library) of ``x`` (N, C, H, W)
@@ -331,6 +184,7 @@ class Conv2d(Module):
     (PyTorch's default). ``kernel_size``, ``stride`` and ``padding`` are ints or pairs.
     """
 
+    # student: Module 11
     def __init__(self, in_channels: int, out_channels: int, kernel_size: Any, stride: Any = 1, padding: Any = 0,
                  bias: bool = True) -> None:
         super().__init__()
@@ -389,9 +243,9 @@ def gradient_slices(xp: Any, shape: tuple[int, ...], kernel: tuple[int, int], st
     kh, kw = kernel
     out_h, out_w = output_size(height, kh, stride[0]), output_size(width, kw, stride[1])
     if _tiles(shape, kernel, stride):
-        blocks = buffers.empty(xp, (n, c, out_h, kh, out_w, kw), dtype)
+        blocks = xp.empty((n, c, out_h, kh, out_w, kw), dtype=dtype)
         return blocks.reshape(shape), [blocks[:, :, :, i, :, j] for i, j in _offsets(kernel)], True
-    grad_x = buffers.zeros(xp, shape, dtype)
+    grad_x = xp.zeros(shape, dtype=dtype)
     rows = [slice(i, i + stride[0] * (out_h - 1) + 1, stride[0]) for i in range(kh)]
     cols = [slice(j, j + stride[1] * (out_w - 1) + 1, stride[1]) for j in range(kw)]
     return grad_x, [grad_x[:, :, rows[i], cols[j]] for i, j in _offsets(kernel)], False
@@ -409,14 +263,15 @@ class MaxPool2dFunction(Function):
     weights' gradients are NaN whichever element gets the window's gradient.
     """
 
+    # student: Module 11
     def forward(self, x: Any, *, kernel: tuple[int, int], stride: tuple[int, int]) -> Any:
         xp = self.xp
         n, c, height, width = x.shape
         out_shape = (n, c, output_size(height, kernel[0], stride[0]), output_size(width, kernel[1], stride[1]))
-        best = buffers.empty(xp, out_shape, x.dtype)
+        best = xp.empty(out_shape, dtype=x.dtype)
         # The offset of the first maximum: uint8 holds the 256 offsets of a 16x16 window.
         winner = xp.zeros(out_shape, dtype=xp.uint8 if kernel[0] * kernel[1] <= 256 else xp.int32)
-        for part in batch_slices(xp, x):  # a few images at a time: every offset finds them in the cache
+        for part in cache_sized_parts(xp, x):  # a few images at a time: every offset finds them in the cache
             slices = window_slices(xp, x[part], kernel, stride)
             part_best, part_winner = best[part], winner[part]
             part_best[...] = slices[0]
@@ -424,14 +279,15 @@ class MaxPool2dFunction(Function):
                 better = slices[k] > part_best  # strictly: on a tie the earlier offset stays the winner
                 # offsets only grow, so "set winner to k where better" is a maximum (and 20x faster than masking)
                 xp.maximum(part_winner, better * part_winner.dtype.type(k), out=part_winner)
-                xp.maximum(part_best, slices[k], out=part_best)
+                xp.maximum(part_best, slices[k], out=part_best)  # not where(better, ...): NaN must pass on
         self.winner, self.shape, self.kernel, self.stride = winner, x.shape, kernel, stride
         return best
 
+    # student: Module 11
     def backward(self, grad: Any) -> tuple:
         xp = self.xp
         grad_x, slices, tiled = gradient_slices(xp, self.shape, self.kernel, self.stride, grad.dtype)
-        for part in batch_slices(xp, grad_x):
+        for part in cache_sized_parts(xp, grad_x):
             for k, target in enumerate(slices):
                 won = self.winner[part] == k
                 if tiled:
@@ -444,16 +300,17 @@ class MaxPool2dFunction(Function):
 class AvgPool2dFunction(Function):
     """Mean over each window; backward gives every element of a window an equal share."""
 
+    # student: Module 11
     def forward(self, x: Any, *, kernel: tuple[int, int], stride: tuple[int, int]) -> Any:
         slices = window_slices(self.xp, x, kernel, stride)
-        total = buffers.empty(self.xp, slices[0].shape, x.dtype)
-        total[...] = slices[0]
+        total = slices[0].copy()  # a copy: on the tiled path the slices are views of x
         for part in slices[1:]:
             total += part
         total /= len(slices)
         self.shape, self.kernel, self.stride = x.shape, kernel, stride
         return total
 
+    # student: Module 11
     def backward(self, grad: Any) -> tuple:
         share = grad / (self.kernel[0] * self.kernel[1])
         grad_x, slices, tiled = gradient_slices(self.xp, self.shape, self.kernel, self.stride, grad.dtype)

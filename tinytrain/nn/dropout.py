@@ -6,6 +6,7 @@ from tinytrain.nn.module import Module
 from tinytrain.tensor import Tensor
 
 
+# student: Module 05
 def dropout(x: Tensor, p: float = 0.5, training: bool = True) -> Tensor:
     """Inverted dropout: zero each element with probability ``p``, scale the rest by ``1/(1-p)``.
 

@@ -30,6 +30,7 @@ class LinearFunction(Function):
             out += bias  # in place: `out` is a fresh array
         return out
 
+    # student: Module 04
     def backward(self, grad: Any) -> tuple:
         """Gradients for ``x``, ``weight`` (and ``bias``): ``G W``, ``G^T X``, row sums of ``G``.
 
@@ -124,6 +125,7 @@ class ModuleList(Module):
         super().__init__()
         self.extend(modules)
 
+    # student: Module 04
     def append(self, module: Module) -> "ModuleList":
         """Add ``module`` at the end; returns ``self``. Raises ``TypeError`` naming the
         type of anything that is not a ``Module``."""

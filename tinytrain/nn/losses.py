@@ -68,6 +68,7 @@ def _check_same_shape(name: str, pred: Tensor, target: Tensor) -> None:
         )
 
 
+# student: Module 06
 def mse_loss(pred: Tensor, target: Any, reduction: str = "mean") -> Tensor:
     """Mean squared error: ``mean((pred - target) ** 2)`` (or its sum, or per element).
 
@@ -92,6 +93,7 @@ class CrossEntropy(Function):
     the gradient have the logits' dtype.
     """
 
+    # student: Module 06
     def forward(self, logits: Any, target: Any, reduction: str) -> Any:
         xp = self.xp
         shifted = logits - logits.max(axis=1, keepdims=True)
@@ -106,6 +108,7 @@ class CrossEntropy(Function):
         self.probs, self.target, self.reduction = probs, target, reduction
         return _reduce_array(losses, reduction)
 
+    # student: Module 06
     def backward(self, grad: Any) -> tuple:
         probs, target = self.probs, self.target
         per_sample = _unreduce(grad, self.reduction, len(probs))
@@ -134,6 +137,7 @@ def _check_class_indices(target: Tensor, classes: int) -> None:
         )
 
 
+# student: Module 06
 def cross_entropy(logits: Tensor, target: Any, reduction: str = "mean") -> Tensor:
     """Softmax cross-entropy: ``mean_i -log softmax(logits_i)[target_i]``.
 
@@ -184,6 +188,7 @@ class BinaryCrossEntropy(Function):
     element's share of ``grad`` (``_unreduce``), in ``probs``' dtype.
     """
 
+    # student: Module 06
     def forward(self, probs: Any, target: Any, reduction: str) -> Any:
         xp = self.xp
         tiny = np.finfo(probs.dtype).smallest_subnormal  # log(tiny) < -100: no log(0), no warning
@@ -192,6 +197,7 @@ class BinaryCrossEntropy(Function):
         self.probs, self.target, self.reduction = probs, target, reduction
         return _reduce_array(-(target * log_p + (1 - target) * log_not_p), reduction)
 
+    # student: Module 06
     def backward(self, grad: Any) -> tuple:
         p, t = self.probs, self.target
         slope = (p - t) / self.xp.maximum(p * (1 - p), GRAD_EPS)
@@ -205,6 +211,7 @@ class BinaryCrossEntropyWithLogits(Function):
     with a sigmoid from ``exp(-|x|)`` that cannot overflow, in the logits' dtype.
     """
 
+    # student: Module 06
     def forward(self, logits: Any, target: Any, reduction: str) -> Any:
         xp = self.xp
         decay = xp.exp(-xp.abs(logits))  # in (0, 1]: never overflows
@@ -213,10 +220,12 @@ class BinaryCrossEntropyWithLogits(Function):
         self.target, self.reduction = target, reduction
         return _reduce_array(losses, reduction)
 
+    # student: Module 06
     def backward(self, grad: Any) -> tuple:
         return ((self.sigmoid - self.target) * _unreduce(grad, self.reduction, self.target.size),)
 
 
+# student: Module 06
 def binary_cross_entropy(probs: Tensor, target: Any, reduction: str = "mean") -> Tensor:
     """Binary cross-entropy of probabilities: ``mean(-(t log p + (1 - t) log(1 - p)))``.
 
@@ -238,6 +247,7 @@ def binary_cross_entropy(probs: Tensor, target: Any, reduction: str = "mean") ->
     return BinaryCrossEntropy.apply(probs, target=target.astype(probs.dtype).data, reduction=reduction)
 
 
+# student: Module 06
 def binary_cross_entropy_with_logits(logits: Tensor, target: Any, reduction: str = "mean") -> Tensor:
     """Binary cross-entropy of ``sigmoid(logits)``, computed stably from the logits:
 

@@ -87,6 +87,7 @@ class Module:
         object.__setattr__(self, "training", True)
 
     # -- registration --------------------------------------------------------------
+    # student: Module 04
     def __setattr__(self, name: str, value: Any) -> None:
         """Register ``Parameter`` and ``Module`` values; keep buffers up to date.
 
@@ -163,6 +164,7 @@ class Module:
         return self.forward(*args, **kwargs)
 
     # -- walking the tree ------------------------------------------------------------
+    # student: Module 04
     def named_modules(self, prefix: str = "") -> list[tuple[str, "Module"]]:
         """``(name, module)`` for this module (name ``prefix``) and every descendant, once each:
         depth first, children in registration order (``""``, ``"a"``, ``"a.inner"``, ``"b"``)."""
@@ -248,6 +250,7 @@ class Module:
             parameter.grad = None
 
     # -- devices and dtypes --------------------------------------------------------------
+    # student: Module 04
     def to(self, device: Any = None, dtype: Any = None) -> "Module":
         """Move (and/or cast) every parameter, gradient and buffer in place; returns ``self``.
 
@@ -277,6 +280,7 @@ class Module:
         return self
 
     # -- saving and loading -----------------------------------------------------------------
+    # student: Module 04
     def state_dict(self) -> dict[str, Tensor]:
         """Every parameter and buffer by dotted name: detached *copies*, on their device;
         first every parameter (in ``named_parameters()`` order), then every buffer.
@@ -289,6 +293,7 @@ class Module:
             for name, tensor in self.named_parameters() + self.named_buffers()
         }
 
+    # student: Module 04
     def load_state_dict(self, state: dict[str, Any], strict: bool = True) -> IncompatibleKeys:
         """Copy the values of ``state`` into this module's tensors: tensors (on any device),
         NumPy arrays, or lists and numbers that ``np.asarray`` takes.

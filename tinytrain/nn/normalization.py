@@ -26,6 +26,7 @@ class Normalize(Function):
         self.x_hat = (x - mean) * self.inv_std
         return self.x_hat
 
+    # student: Module 05
     def backward(self, grad: Any) -> tuple:
         """``s * (g - mean(g) - x_hat * mean(g * x_hat))``, means over ``axes``.
 
@@ -75,6 +76,7 @@ class LayerNorm(Module):
         self.weight = Parameter(ones(self.normalized_shape))
         self.bias = Parameter(zeros(self.normalized_shape))
 
+    # student: Module 05
     def forward(self, x: Tensor) -> Tensor:
         k = len(self.normalized_shape)
         if x.ndim < k or x.shape[x.ndim - k:] != self.normalized_shape:
@@ -126,6 +128,7 @@ class _BatchNorm(Module):
         self.register_buffer("running_var", ones(num_features))
         self.register_buffer("num_batches_tracked", tensor(0))  # int64
 
+    # student: Module 05
     def _update_running_stats(self, mean: Any, unbiased_var: Any) -> None:
         """Exponential moving averages of the batch statistics (arrays: not in the graph).
 
@@ -143,6 +146,7 @@ class _BatchNorm(Module):
             buffer.data += m * batch.reshape(self.num_features)
         self.num_batches_tracked.data += 1
 
+    # student: Module 05
     def forward(self, x: Tensor) -> Tensor:
         if x.ndim not in self.input_ndims or x.shape[1] != self.num_features:
             raise ValueError(

@@ -79,6 +79,7 @@ class Block(Module):
         self.ln_2 = LayerNorm(config.n_embd)
         self.mlp = MLP(config)
 
+    # student: Module 15
     def forward(self, x: Tensor, cache: "LayerCache | None" = None) -> Tensor:
         x = x + self.attn(self.ln_1(x), cache=cache)
         return x + self.mlp(self.ln_2(x))
@@ -125,6 +126,7 @@ class CachedSelfAttention(CausalSelfAttention):
     is position S+i and sees keys 0 .. S+i); the heads are merged and go through ``c_proj``.
     """
 
+    # student: Module 15
     def forward(self, x: Tensor, cache: LayerCache | None = None) -> Tensor:
         if cache is None:
             return super().forward(x)
@@ -159,6 +161,7 @@ class GPT(Module):
     in ``__init__``.
     """
 
+    # student: Module 15
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
         self.config = check_type("config", config, GPTConfig, "a GPTConfig")
@@ -172,6 +175,7 @@ class GPT(Module):
         # weight tying (section 2): lm_head's weight becomes wte's Parameter
         self.lm_head.weight = self.wte.weight
 
+    # student: Module 15
     def init_weights(self) -> None:
         """GPT-2's initialisation: every Linear weight, ``wte.weight`` and ``wpe.weight`` ~ N(0, 0.02²)
         (``normal_``), every Linear bias 0 (a model built with ``bias=False`` has ``bias`` None:
@@ -198,6 +202,7 @@ class GPT(Module):
                 x = block(x)
         return x
 
+    # student: Module 15
     def forward(self, idx: Any, targets: Any = None, cache: KVCache | None = None) -> Any:
         """``idx`` (B, T) token ids -> logits (B, T, vocab_size); with ``targets`` (B, T),
         ``(logits, loss)``, the loss the mean cross-entropy over all B*T positions.
@@ -265,6 +270,7 @@ def flops_per_token(config: GPTConfig, context: int | None = None) -> int:
     return 6 * weights + 12 * config.n_layer * config.n_embd * context
 
 
+# student: Module 15
 def next_token_probs(logits: Tensor, temperature: float = 1.0, top_k: int | None = None) -> Tensor:
     """Probabilities (B, V) of the next token from its logits (B, V).
 

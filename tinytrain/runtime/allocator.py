@@ -14,7 +14,7 @@ caching allocators do.
 It is applied when ``tinytrain`` is imported; set ``TINYTRAIN_KEEP_FREED_MEMORY=0``
 to leave the C library's defaults alone. Other C libraries (macOS, musl) are left
 as they are. ``in_effect()`` says whether the settings hold; where they do not,
-the convolutions keep their large buffers themselves (``tinytrain.nn.conv.buffers``).
+the convolution kernels keep their large arrays themselves (``tinytrain.runtime.buffers``).
 ``return_freed_memory()`` puts glibc's default thresholds back, for comparisons.
 """
 import ctypes
