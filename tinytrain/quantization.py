@@ -52,6 +52,7 @@ def as_tensor(value: Any, like: Tensor, dtype: Any, name: str) -> Tensor:
     return Tensor(value, dtype=dtype, device=like._backend)
 
 
+# student: Module 19
 def choose_qparams(low: Any, high: Any, bits: int = 8, symmetric: bool = False) -> tuple[Tensor, Tensor]:
     """The scale and zero point that map values in ``[low, high]`` onto ``bits``-bit codes.
 
@@ -105,6 +106,7 @@ def qparams_like(x: Tensor, scale: Any, zero_point: Any) -> tuple[Tensor, Tensor
     return scale, zero_point
 
 
+# student: Module 19
 def quantize(x: Tensor, scale: Any, zero_point: Any = 0, qmin: int = -128, qmax: int = 127) -> Tensor:
     """The codes of ``x``: ``clip(round(x / scale) + zero_point, qmin, qmax)`` as an int8 tensor of ``x``'s
     shape on its device (``round`` half to even). ``scale`` (> 0) and ``zero_point`` are numbers or tensors
@@ -120,6 +122,7 @@ def quantize(x: Tensor, scale: Any, zero_point: Any = 0, qmin: int = -128, qmax:
     return Tensor._make(xp.clip(codes, qmin, qmax).astype(xp.int8), x._backend)
 
 
+# student: Module 19
 def dequantize(codes: Tensor, scale: Any, zero_point: Any = 0) -> Tensor:
     """The values that integer ``codes`` stand for: ``scale * (codes - zero_point)``, a tensor of the
     codes' shape in the scale's dtype (float32 for the scales ``choose_qparams`` gives)."""
@@ -131,6 +134,7 @@ def dequantize(codes: Tensor, scale: Any, zero_point: Any = 0) -> Tensor:
     return Tensor._make((codes.data.astype(dtype) - zero_point.data.astype(dtype)) * scale.data, codes._backend)
 
 
+# student: Module 19
 def quantize_per_channel(weight: Tensor, bits: int = 8) -> tuple[Tensor, Tensor]:
     """Symmetric codes of a ``(out, in)`` weight with one scale per row (output channel).
 
@@ -171,6 +175,7 @@ class Observer:
         self.high: float | None = None
         self.batches = 0
 
+    # student: Module 19
     def observe(self, x: Tensor) -> None:
         """Take the range of the batch ``x`` (a non-empty floating-point tensor) into ``low`` and ``high``."""
         check_type("x", x, Tensor, "a Tensor")
@@ -207,6 +212,7 @@ class Observer:
 EXACT_TERMS = 2 ** 24 // 2 ** 14
 
 
+# student: Module 19
 def int8_matmul(a: Tensor, b: Tensor) -> Tensor:
     """``a @ b.T`` of int8 matrices ``a`` ``(M, K)`` and ``b`` ``(N, K)``, exactly: an int32 ``(M, N)`` tensor.
 
@@ -230,6 +236,7 @@ def int8_matmul(a: Tensor, b: Tensor) -> Tensor:
     return Tensor._make(out, a._backend)
 
 
+# student: Module 19
 def int8_linear(x: Tensor, weight_codes: Tensor, weight_scale: Tensor, input_scale: Any = None,
                 input_zero_point: Any = None) -> Tensor:
     """The integer forward of a quantized Linear layer (no bias): ``x`` ``(M, K)`` floats -> ``(M, N)`` in
@@ -490,6 +497,7 @@ class FakeQuantize(Function):
     """``x -> scale * (clip(round(x / scale) + zero_point, qmin, qmax) - zero_point)``: the values the codes stand
     for, as floats, with the straight-through estimator as backward."""
 
+    # student: Module 19
     def forward(self, x: Any, *, scale: Any, zero_point: Any, qmin: int, qmax: int) -> Any:
         """The fake-quantized ``x`` in ``x``'s dtype (``scale`` and ``zero_point``: arrays of ``x``'s dtype that
         broadcast against it); keeps where the code ``round(x / scale) + zero_point`` lies in ``[qmin, qmax]``."""
@@ -498,6 +506,7 @@ class FakeQuantize(Function):
         self.inside = (codes >= qmin) & (codes <= qmax)
         return (xp.clip(codes, qmin, qmax) - zero_point) * scale
 
+    # student: Module 19
     def backward(self, grad: Any) -> tuple:
         """The straight-through estimator: ``grad`` unchanged where the code was inside ``[qmin, qmax]``, 0 where
         the clamp cut it; one gradient, for ``x``."""
@@ -620,6 +629,7 @@ class NF4Weight:
     shape: tuple[int, ...]
 
 
+# student: Module 19
 def double_quantize(absmax: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """The block scales of NF4 in 8 bits (QLoRA's double quantization).
 
@@ -641,6 +651,7 @@ def double_quantize(absmax: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     return codes.reshape(-1)[:absmax.shape[0]], scale, mean
 
 
+# student: Module 19
 def nf4_quantize(weight: Tensor) -> NF4Weight:
     """NF4 codes of a floating-point ``weight`` of any shape (QLoRA's 4-bit NormalFloat).
 
@@ -664,6 +675,7 @@ def nf4_quantize(weight: Tensor) -> NF4Weight:
                      weight.shape)
 
 
+# student: Module 19
 def nf4_dequantize(weight: NF4Weight) -> Tensor:
     """The float32 tensor of ``weight.shape`` that NF4 codes stand for: ``NF4_LEVELS[index] * absmax`` of the
     index's block, the absmax rebuilt from its double quantization (``absmax_scale`` of its group times
