@@ -44,7 +44,7 @@ _NAMES = {
 }
 _SUBMODULES = (
     "backend", "autograd", "ops", "nn", "optim", "data", "datasets", "callbacks", "serialization", "schedules", "training",
-    "amp", "distributed", "text", "quantization",
+    "amp", "distributed", "text", "quantization", "prune",
 )
 _NAMES.update({name: (name, None) for name in _SUBMODULES if name not in _NAMES})
 
