@@ -132,12 +132,12 @@ def test_merge_gives_the_same_logits_as_the_adapters(device) -> None:
     model = inject(gpt(device), r=4, alpha=8)
     randomize_adapters(model)
     with tt.no_grad():
-        adapted = model(ids(device))[0].numpy()
+        adapted = model(ids(device)).numpy()
     merged = merge(model)
     assert merged is model and not adapted_layers(model)
     assert type(model.h[0].attn.c_attn) is tt.nn.Linear and not model.h[0].attn.c_attn.weight.requires_grad
     with tt.no_grad():
-        np.testing.assert_allclose(model(ids(device))[0].numpy(), adapted, atol=1e-5)
+        np.testing.assert_allclose(model(ids(device)).numpy(), adapted, atol=1e-5)
 
 
 def test_merge_of_a_single_layer_returns_its_base_and_refuses_quantized_bases() -> None:
@@ -170,7 +170,7 @@ def test_adapters_save_apart_and_load_on_top_of_the_base_checkpoint(tmp_path, de
     fresh.load_state_dict(tt.serialization.read_checkpoint(tmp_path / "base.pkl")["model"])
     load_adapters(inject(fresh, r=4, alpha=8), tmp_path / "adapters.pkl")
     with tt.no_grad():
-        np.testing.assert_array_equal(fresh(ids(device))[0].numpy(), model(ids(device))[0].numpy())
+        np.testing.assert_array_equal(fresh(ids(device)).numpy(), model(ids(device)).numpy())
 
 
 def test_load_adapters_refuses_files_that_do_not_match(tmp_path) -> None:

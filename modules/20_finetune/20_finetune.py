@@ -9,7 +9,7 @@
 # %% [markdown]
 # # Module 20 — Fine-tuning and compression: LoRA and QLoRA, distillation, pruning
 #
-# *One sitting, about 2½ hours: the lesson, 10 functions to write, and the measurements.*
+# *One sitting, about 2.5 hours: the lesson, 10 functions to write, and the measurements.*
 #
 # A trained model is rarely the model you ship. You adapt it to *your* text, and
 # you make it smaller. Practitioners with one GPU do three things:
@@ -281,21 +281,21 @@ def tiny_gpt() -> tt.nn.GPT:
 
 model = tiny_gpt()
 ids = tt.tensor(np.random.default_rng(0).integers(0, 11, (3, 8)))
-before = model(ids)[0].numpy()
+before = model(ids).numpy()
 inject(model, ("c_attn", "c_proj"), r=4, alpha=8)
 wrapped = [name for name, module in model.named_modules() if isinstance(module, LoRALinear)]
 assert wrapped == ["h.0.attn.c_attn", "h.0.attn.c_proj", "h.0.mlp.c_proj", "h.1.attn.c_attn", "h.1.attn.c_proj",
                    "h.1.mlp.c_proj"], wrapped
 trainable = [name for name, p in model.named_parameters() if p.requires_grad]
 assert all(name.endswith(("lora_A", "lora_B")) for name in trainable) and len(trainable) == 12, trainable
-assert np.allclose(model(ids)[0].numpy(), before), "fresh adapters change nothing"
+assert np.allclose(model(ids).numpy(), before), "fresh adapters change nothing"
 for _, layer in adapted_layers(model):
     layer.lora_B.data[...] = np.random.default_rng(1).standard_normal(layer.lora_B.shape) * 0.1
-adapted = model(ids)[0].numpy()
+adapted = model(ids).numpy()
 assert not np.allclose(adapted, before)
 merge(model)
 assert not adapted_layers(model) and isinstance(model.h[0].attn.c_attn, tt.nn.Linear)
-assert np.allclose(model(ids)[0].numpy(), adapted, atol=1e-5), "merged logits equal the adapted ones"
+assert np.allclose(model(ids).numpy(), adapted, atol=1e-5), "merged logits equal the adapted ones"
 print("inject and merge OK")
 
 # %% [markdown]
@@ -369,7 +369,7 @@ with tempfile.TemporaryDirectory() as folder:
     path = os.path.join(folder, "adapters.pkl")
     save_adapters(model, path)
     again = load_adapters(inject(tiny_gpt(), "c_attn", r=2, alpha=4), path)
-assert np.allclose(again(ids)[0].numpy(), model(ids)[0].numpy()), "the same model after a round trip"
+assert np.allclose(again(ids).numpy(), model(ids).numpy()), "the same model after a round trip"
 print(f"adapters OK: {sum(v.size for v in state.values())} numbers")
 
 # %% [markdown]
@@ -935,8 +935,8 @@ teacher = base_model().eval()
 
 def distilled(model: tt.nn.Module, inputs: Tensor, targets: Tensor) -> Tensor:
     with tt.no_grad():
-        teacher_logits = teacher(inputs)[0]
-    return distillation_loss(model(inputs)[0], teacher_logits, targets, temperature=2.0, alpha=0.5)
+        teacher_logits = teacher(inputs)
+    return distillation_loss(model(inputs), teacher_logits, targets, temperature=2.0, alpha=0.5)
 
 
 held_out_ids = np.array(tokenizer.encode(target))  # text none of the models trained on
