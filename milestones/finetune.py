@@ -67,6 +67,8 @@ run = start("finetune", "a GPT adapted to new plays with LoRA on a 4-bit base (M
 settings = run.settings
 if settings.quantize not in ("nf4", "none"):
     raise SystemExit(f"bad settings: quantize must be nf4 or none, got {settings.quantize!r}")
+if run.strategy is not None:  # a few thousand adapter parameters: one process is the whole job
+    raise SystemExit("the fine-tuning milestone runs in one process; run it without --distributed")
 
 # -- the base --------------------------------------------------------------------------------------------------------
 # The GPT milestone's best checkpoint; when it is missing, the GPT milestone runs first (a few minutes), with

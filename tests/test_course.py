@@ -175,10 +175,11 @@ def test_gpt_milestone_passes_on_the_all_student_library(course: Course) -> None
     assert result.returncode == 0 and "PASS" in result.stdout, result.stdout[-2000:] + result.stderr[-2000:]
 
 
-# The fine-tuning milestone on the GPT above (trained here first when that case did not run): rank-2 adapters, so that
-# their file stays under 1% of this small base's checkpoint
-FINETUNE_SMALLER = ("--base", "runs/gpt", "--base-options", " ".join(GPT_SMALLER), "--lora-r", "2", "--lora-alpha", "4",
-                    "--steps", "200", "--eval-every", "100", "--eval-batches", "4", "--sample-length", "40")
+# The fine-tuning milestone on the GPT above (trained here first when that case did not run): rank-4 adapters, so that
+# their file stays under 1% of this small base's checkpoint (0.67%); measured with the reference library: loss 1.9596
+# from the float base's 1.9935, pass mark 1.9635
+FINETUNE_SMALLER = ("--base", "runs/gpt", "--base-options", " ".join(GPT_SMALLER), "--lora-r", "4", "--lora-alpha", "8",
+                    "--eval-every", "150", "--eval-batches", "4", "--sample-length", "40")
 
 
 def test_finetune_milestone_passes_on_the_all_student_library(course: Course) -> None:
