@@ -907,13 +907,15 @@ for name, (after, share, saved, frozen_bytes, seconds) in runs.items():
 assert runs["LoRA r=8"][0] < before and runs["QLoRA r=8 (NF4 base)"][0] < before
 
 # %% [markdown]
-# In the run this lesson was written with, the base scored about 2.0 on the new
-# plays; all three runs lowered it, full fine-tuning the most and LoRA close
-# behind, QLoRA a little above LoRA (its base is rounded to 4 bits). The
-# adapters are 4-5% of the parameters and their file a few percent of the full
-# checkpoint; the frozen NF4 base holds about a third of the float base's bytes
-# here (the embeddings, LayerNorms and tied output layer stay float32; on a 7 B
-# model, whose Linear layers are nearly everything, NF4 is an eighth).
+# Read the table against the base's loss. The adapters change what the model
+# does with a small share of its parameters; QLoRA starts from a base rounded to
+# 4 bits (the fine-tuning milestone measures what that costs on the same text:
+# about 0.02 on a model of this size, before any training), and its adapters
+# learn to make up for it too. The frozen NF4 base holds about a fifth of the
+# float base's bytes here, not an eighth: the token and position embeddings,
+# the LayerNorms and the tied output layer stay float32, and at 64 channels
+# they are a large part of the model. On a 7 B model, whose Linear layers are
+# nearly everything, NF4 is close to an eighth.
 #
 # On a big model the trainable share is much smaller: the adapters grow with
 # $r(d_\text{in} + d_\text{out})$, the base with $d_\text{in} d_\text{out}$.
@@ -950,11 +952,11 @@ for name, loss in results.items():
     print(f"{name:28s} loss on held-out text {loss:.4f}")
 
 # %% [markdown]
-# Distillation helps most when labels are scarce or the student is trained
-# briefly; the gap here is small (in the run this lesson was written with, a
-# few hundredths in favour of the distilled student) because a character-level
-# model sees 1,024 labels per step anyway. The student has about half the
-# parameters of its teacher and runs about twice as fast.
+# The two students differ only in their loss. Distillation helps most when labels
+# are scarce or the student trains briefly; a character-level model sees 1,024
+# labels a step (16 windows of 64), so expect a small gap here, and compare it
+# with the teacher's own loss: the student has one block where the teacher has
+# two, about half the parameters in the blocks and half the time per token.
 #
 # ### Loss against sparsity
 #
@@ -996,12 +998,13 @@ except ImportError:
     print("matplotlib is not installed: the table above is the curve")
 
 # %% [markdown]
-# Unstructured pruning costs almost nothing up to about half the weights and
-# then climbs; whole rows cost much more at the same sparsity, because a row
-# carries a whole output channel. Unstructured sparsity needs sparse kernels to
-# save time (NumPy has none; NVIDIA's sparse tensor cores need exactly 2 of
-# every 4 zero), structured pruning makes a smaller dense matrix — which is why
-# practitioners prune structurally and then **fine-tune** to win the loss back,
+# Han et al. (2015) found that trained networks lose little until a large share of
+# their smallest weights is gone, and that whole rows cost much more at the same
+# sparsity: a row carries a whole output channel. Read both off the curve.
+# Unstructured sparsity needs sparse kernels to save time (NumPy has none;
+# NVIDIA's sparse tensor cores need exactly 2 of every 4 zero); structured
+# pruning makes a smaller dense matrix — which is why practitioners prune
+# structurally and then **fine-tune** to win the loss back,
 # with the mask held in place exactly as `weight_orig * weight_mask` does.
 #
 # ## How PyTorch does it
