@@ -54,7 +54,7 @@ def l1_unstructured_mask(importance: Tensor, amount: Any, mask: Tensor | None = 
     kept = ones_like(importance, mask).reshape(-1)
     candidates = xp.flatnonzero(kept)
     count = pruned_count(amount, int(candidates.size), "entries")
-    order = candidates[xp.argsort(xp.abs(importance.data).reshape(-1)[candidates], kind="stable")]
+    order = candidates[xp.argsort(xp.abs(importance.data).ravel()[candidates], kind="stable")]
     kept[order[:count]] = 0
     return Tensor._make(kept.reshape(importance.shape), importance._backend)
 
