@@ -1,4 +1,5 @@
-"""The MLP milestone end to end (training, outputs, settings, exact resume), and how a recipe is found and run."""
+"""The MLP milestone end to end (training, outputs, settings, exact resume), the fine-tuning milestone on a tiny
+base (its base trained first, its outputs, exact resume), and how a recipe is found and run."""
 from __future__ import annotations
 
 import json
@@ -71,6 +72,45 @@ def test_killed_run_resumed_ends_with_identical_weights_and_accuracy(tmp_path: P
     accuracy = [json.loads((tmp_path / run / "result.json").read_text())["test_accuracy"]
                 for run in ("straight", "resumed")]
     assert accuracy[0] == accuracy[1]
+
+
+FINETUNE = ROOT / "milestones" / "finetune.py"
+# A base of one block of 32 channels trained 40 steps, and 12 steps of adapters: the recipe's whole path in seconds
+TINY_BASE = "--steps 40 --n-layer 1 --n-head 2 --n-embd 32 --warmup 5 --eval-every 20 --eval-batches 2 --sample-length 10"
+TINY_FINETUNE = ("--steps", "12", "--warmup", "2", "--eval-every", "6", "--eval-batches", "2", "--sample-length", "10",
+                 "--lora-r", "2", "--lora-alpha", "4")
+
+
+def run_finetune(*options: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(FINETUNE), *options], capture_output=True, text=True, timeout=600)
+
+
+def test_finetune_milestone_trains_its_base_first_then_only_adapters_and_resumes_exactly(tmp_path: Path) -> None:
+    base = tmp_path / "base"
+    straight = run_finetune(*TINY_FINETUNE, "--base", str(base), "--base-options", TINY_BASE,
+                            "--out", str(tmp_path / "straight"))
+    assert straight.returncode in (0, 1), straight.stdout[-3000:] + straight.stderr[-3000:]
+    assert f"no base model in {base / 'checkpoints' / 'best.pkl'}: training it first" in straight.stdout
+    assert (base / "checkpoints" / "best.pkl").is_file()
+    out = tmp_path / "straight"
+    for name in ("settings.toml", "log.csv", "result.json", "adapters.pkl", "checkpoints/best.pkl"):
+        assert (out / name).is_file(), name
+    summary = json.loads((out / "result.json").read_text())
+    assert summary["steps_done"] == 12 and summary["trainable_share"] <= 0.05
+    assert summary["passed"] == (summary["val_loss"] <= summary["pass_mark"]
+                                 and summary["adapter_file_bytes"] < 0.01 * summary["base_checkpoint_bytes"])
+    assert summary["base_bytes"] < summary["float_base_bytes"]
+    adapters = read_checkpoint(out / "adapters.pkl")["adapters"]
+    assert sorted(adapters) == ["h.0.attn.c_attn.lora_A", "h.0.attn.c_attn.lora_B"]
+    interrupted = run_finetune(*TINY_FINETUNE, "--base", str(base), "--out", str(tmp_path / "resumed"),
+                               "--stop-after", "6")
+    assert interrupted.returncode == 0 and "continue with --resume" in interrupted.stdout, interrupted.stderr
+    resumed = run_finetune("--resume", "--out", str(tmp_path / "resumed"))
+    assert "resumed from" in resumed.stdout and "no base model" not in resumed.stdout, resumed.stderr[-3000:]
+    again = read_checkpoint(tmp_path / "resumed" / "adapters.pkl")["adapters"]
+    for name in adapters:
+        np.testing.assert_array_equal(again[name], adapters[name], err_msg=name)
+    assert json.loads((tmp_path / "resumed" / "result.json").read_text())["val_loss"] == summary["val_loss"]
 
 
 def test_accumulation_steps_equal_a_batch_that_many_times_larger(tmp_path: Path) -> None:
@@ -202,7 +242,7 @@ def test_tinytrain_milestone_runs_the_projects_recipes_else_the_copies_in_the_pa
     from tinytrain.course import milestones
 
     assert milestones.recipe_folder() == ROOT / "milestones"  # this checkout: the scripts a student edits
-    assert milestones.available() == ["cnn", "gpt", "mlp"]
+    assert milestones.available() == ["cnn", "finetune", "gpt", "mlp"]
     package = tmp_path / "site-packages" / "tinytrain"
     (package / "course" / "recipes").mkdir(parents=True)
     (package / "course" / "recipes" / "mlp.py").write_text("")
@@ -224,7 +264,7 @@ def test_an_installed_wheel_runs_the_milestones_without_the_project(tmp_path: Pa
     assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-3000:]
     wheel = next((tmp_path / "dist").glob("tinytrain-*.whl"))
     shipped = {name for name in zipfile.ZipFile(wheel).namelist() if name.startswith("tinytrain/course/recipes/")}
-    assert shipped == {f"tinytrain/course/recipes/{name}.py" for name in ("cnn", "gpt", "mlp")}
+    assert shipped == {f"tinytrain/course/recipes/{name}.py" for name in ("cnn", "finetune", "gpt", "mlp")}
     site = tmp_path / "site"
     installed = subprocess.run([*pip, "install", "--no-deps", "--no-index", "--target", str(site), str(wheel)],
                                capture_output=True, text=True, timeout=300)

@@ -47,7 +47,7 @@ _NAMES = {
 }
 _SUBMODULES = (
     "backend", "autograd", "ops", "nn", "optim", "data", "datasets", "callbacks", "serialization", "schedules", "training",
-    "amp", "distributed", "text", "profiler", "precision", "quantization", "sharding",
+    "amp", "distributed", "text", "profiler", "precision", "quantization", "sharding", "prune",
 )
 _NAMES.update({name: (name, None) for name in _SUBMODULES if name not in _NAMES})
 

@@ -7,7 +7,7 @@
     tinytrain export NN [--notebook P]         the notebook's code into the installed package (--force: with stubs)
     tinytrain reset NN | --all                 the reference code back into the package
     tinytrain status                           per module: whose code is installed, do its checks pass
-    tinytrain milestone mlp|cnn|gpt [options]  train a real model end to end
+    tinytrain milestone mlp|cnn|gpt|finetune [options]  train a real model end to end
     tinytrain quantize RUN_DIR                 a trained GPT run's bytes and validation loss in float32, int8, NF4
     tinytrain doctor                           check the installation; a fix for each problem
     tinytrain grade-class NN FOLDER            for instructors: a folder of notebooks into a gradebook (CSV, JSON),
@@ -563,8 +563,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     mutants_parser.add_argument("--json", metavar="PATH", help="also write the summary, every survivor with its body")
     mutants_parser.add_argument("--fail-under", type=float, metavar="PERCENT",
                                 help="exit 1 when the score is below this")
-    milestone_parser = _command(commands, "milestone", _milestone, "train a real model with the library: mlp, cnn, gpt")
-    milestone_parser.add_argument("name", metavar="NAME", help="mlp (after Module 09), cnn (after Module 11) or gpt (after Module 15)")
+    milestone_parser = _command(commands, "milestone", _milestone, "train a real model with the library: mlp, cnn, gpt, finetune")
+    milestone_parser.add_argument("name", metavar="NAME", help="mlp (after Module 09), cnn (after Module 11), gpt (after Module 15) or finetune (after Module 20)")
     milestone_parser.add_argument("options", nargs=argparse.REMAINDER, help="the milestone's options (see NAME --help)")
     quantize_parser = _command(commands, "quantize", _quantize, "a trained GPT milestone run in float32, int8 and NF4: "
                                "bytes and validation loss side by side")
