@@ -400,3 +400,12 @@ def test_repr_names_dtype_and_device() -> None:
     assert repr(strict1.from_host(np.array([1.0, 2.0], dtype=np.float32))) == (
         "strict_array([1., 2.], dtype=float32, device='strict:1')"
     )
+
+
+def test_clip_needs_an_array_first_as_cupys_does() -> None:
+    # cupy.clip(a, lo, hi) calls a.clip(lo, hi): NumPy converts a number in a's place, a GPU fails on it
+    xp = strict.xp
+    codes = on_device(np.array([-200.0, 3.0, 200.0]))
+    assert_same(xp.clip(codes, -128, 127), np.array([-128.0, 3.0, 127.0]))
+    with pytest.raises(TypeError, match=r"xp.clip's first argument must be an array on a GPU .* got int -128"):
+        xp.clip(-128, codes, 127)

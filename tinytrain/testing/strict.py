@@ -320,6 +320,27 @@ class _StrictFunction:
         return f"<{self._func!r} on strict device {self._device!r}>"
 
 
+# CuPy's functions that call a method of their first argument (``cupy.clip(a, lo, hi)`` is ``a.clip(lo, hi)``):
+# a number there fails on a GPU, where NumPy would convert it
+_ARRAY_FIRST = frozenset({"clip"})
+
+
+class _ArrayFirstFunction(_StrictFunction):
+    """A function whose first argument must be an array of the device, as CuPy's method-backed ones need."""
+
+    __slots__ = ("_name",)
+
+    def __init__(self, func: Callable[..., Any], device: str, name: str) -> None:
+        super().__init__(func, device)
+        self._name = name
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if args and not isinstance(args[0], StrictArray):
+            raise TypeError(f"xp.{self._name}'s first argument must be an array on a GPU (CuPy's {self._name} calls "
+                            f"a.{self._name}(...)), got {type(args[0]).__name__} {args[0]!r}")
+        return super().__call__(*args, **kwargs)
+
+
 class StrictNamespace:
     """NumPy's namespace as seen from one strict device: the backend's ``xp``.
 
@@ -350,6 +371,8 @@ class StrictNamespace:
             value = StrictArray
         elif isinstance(value, ModuleType):
             value = StrictNamespace(value, self._device)
+        elif name in _ARRAY_FIRST:
+            value = _ArrayFirstFunction(value, self._device, name)
         elif callable(value) and not isinstance(value, type):
             value = _StrictFunction(value, self._device)
         setattr(self, name, value)  # cached: the next lookup skips __getattr__
