@@ -56,7 +56,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SOLUTIONS = ROOT / "tests" / "course" / "solutions"
 SOURCES = build.module_sources(ROOT)
 MODULES = [source.stem for source in SOURCES]
-WITHOUT_SOLUTION = {"20_finetune"}  # no tests/course/solutions/NN_name.py for these yet
+WITHOUT_SOLUTION = set()  # no tests/course/solutions/NN_name.py for these yet
 SOLVED = [module for module in MODULES if module not in WITHOUT_SOLUTION]
 
 pytestmark = pytest.mark.slow
