@@ -128,6 +128,25 @@ def test_inject_errors_change_nothing() -> None:
         inject(model, "c_fc")
 
 
+@pytest.mark.parametrize("bad, error, named", [({"r": 0}, ValueError, "r"), ({"r": 2.0}, TypeError, "r"),
+                                               ({"alpha": 0}, ValueError, "alpha"),
+                                               ({"dropout": 1.0}, ValueError, "dropout")])
+def test_inject_with_a_bad_argument_freezes_and_wraps_nothing(bad, error, named) -> None:
+    # LoRALinear refuses these too, but only after inject would have frozen the model
+    model = gpt()
+    with pytest.raises(error, match=named):
+        inject(model, "c_attn", **bad)
+    assert all(p.requires_grad for p in model.parameters()) and not adapted_layers(model)
+
+
+def test_inject_matches_the_last_name_part_exactly() -> None:
+    # a string suffix would also take "xc_proj"-like names; a dotted target would match a whole path
+    with pytest.raises(ValueError, match="no Linear layer"):
+        inject(gpt(), "_proj")
+    with pytest.raises(ValueError, match="no Linear layer"):
+        inject(gpt(), "attn.c_proj")
+
+
 def test_merge_gives_the_same_logits_as_the_adapters(device) -> None:
     model = inject(gpt(device), r=4, alpha=8)
     randomize_adapters(model)

@@ -63,8 +63,9 @@ def l1_unstructured_mask(importance: Tensor, amount: Any, mask: Tensor | None = 
 def ln_structured_mask(importance: Tensor, amount: Any, n: float, dim: int, mask: Tensor | None = None) -> Tensor:
     """``mask`` (ones when None) with ``pruned_count(amount, kept)`` more slices along ``dim`` set to 0: of the
     ``kept`` slices ``mask`` has not zeroed entirely, those whose ``importance`` has the smallest L_n norm
-    (``(sum |x|**n) ** (1/n)`` over the slice, ``n = inf``: the largest ``|x|``; ties: the first index). A float
-    tensor of 1s and 0s of ``importance``'s shape, dtype and device. ``n > 0``; ``dim`` may be negative."""
+    (``(sum |x|**n) ** (1/n)`` over the slice, ``n = inf``: the largest ``|x|``; ties: the first index; a 1-D
+    tensor's slices are single entries, of norm ``|x|``). A float tensor of 1s and 0s of ``importance``'s shape,
+    dtype and device. ``n > 0``; ``dim`` may be negative."""
     n = check_number("n", n, above=0, finite=False)
     if not -importance.ndim <= dim < importance.ndim:
         raise ValueError(f"dim={dim} is out of range for a tensor of shape {importance.shape}")
@@ -172,7 +173,8 @@ def ln_structured(module: Module, name: str, amount: Any, n: float, dim: int) ->
 def remove(module: Module, name: str) -> Module:
     """Make the pruning of ``module.<name>`` permanent: the Parameter ``<name>_orig``, its values multiplied by the
     mask in place, is ``module.<name>`` again, and ``<name>_orig``, ``<name>_mask`` and the per-forward masking are
-    gone; returns ``module``. Raises ``ValueError`` naming the tensor when it is not pruned."""
+    gone: the plain attribute ``module.__dict__[name]``, and the ``PrunedForward`` in ``module.__dict__["forward"]``
+    once no other tensor of the module is pruned. Raises ``ValueError`` naming the tensor when it is not pruned."""
     if not is_pruned(module, name):
         raise ValueError(f"remove: {name!r} of {type(module).__name__} is not pruned")
     original, mask = getattr(module, name + "_orig"), getattr(module, name + "_mask")

@@ -161,7 +161,8 @@ class Observer:
     ``method="minmax"``: ``low`` and ``high`` are the smallest and largest value of every batch seen.
     ``method="percentile"``: per batch, the ``100 - percentile``-th and ``percentile``-th percentiles of
     its values, averaged over the batches (after ``n`` batches ``m_n = m_{n-1} + (v_n - m_{n-1}) / n``).
-    ``low`` and ``high`` are Python floats (``None`` before the first batch); ``batches`` counts them.
+    ``low`` and ``high`` are Python floats (``None`` before the first batch, which sets them to its own
+    range); ``batches`` counts them.
     """
 
     METHODS = ("minmax", "percentile")
@@ -177,7 +178,10 @@ class Observer:
 
     # student: Module 19
     def observe(self, x: Tensor) -> None:
-        """Take the range of the batch ``x`` (a non-empty floating-point tensor) into ``low`` and ``high``."""
+        """Take the range of the batch ``x`` into ``low`` and ``high``: the first batch sets them, later ones
+        widen them (min/max) or move their running mean (percentile). ``x`` is a non-empty tensor
+        (``ValueError`` if empty); its dtype is not checked: a layer's inputs are floating-point, and an
+        integer batch would be observed by its values all the same."""
         check_type("x", x, Tensor, "a Tensor")
         if x.size == 0:
             raise ValueError(f"Observer.observe: the batch is empty (shape {x.shape})")
@@ -245,7 +249,8 @@ def int8_linear(x: Tensor, weight_codes: Tensor, weight_scale: Tensor, input_sca
     The input's ``(input_scale, input_zero_point)`` are given (static), or, both None, this batch's
     ``choose_qparams(min of x, max of x)`` (dynamic). Then ``q_x = quantize(x, input_scale,
     input_zero_point)`` (int8), the int32 sums ``int8_matmul(q_x, weight_codes) - input_zero_point *
-    (row sums of weight_codes)``, and the rescale by ``input_scale * weight_scale``.
+    (row sums of weight_codes)``, the row sums taken with ``dtype=int32`` (NumPy sums integers in int64
+    otherwise), and the rescale by ``input_scale * weight_scale``.
     """
     check_type("x", x, Tensor, "a Tensor")
     check_floating_input("int8_linear", x)
@@ -633,7 +638,8 @@ class NF4Weight:
 def double_quantize(absmax: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """The block scales of NF4 in 8 bits (QLoRA's double quantization).
 
-    The ``n`` values (taken as float32) lose their mean, are cut into groups of ``DOUBLE_QUANT_BLOCK``
+    The ``n`` values (taken as float32) lose their mean — a float32 mean of the float32 values
+    (``absmax.mean()``), and that float32 number is the one returned — are cut into groups of ``DOUBLE_QUANT_BLOCK``
     (``blocks``: the last one padded with zeros), and each group is quantized symmetrically to int8
     codes in ``[-127, 127]`` with its own scale (``choose_qparams(-amax, amax, symmetric=True)``,
     ``quantize``). Returns ``(codes, scale, mean)``: int8 ``(n,)`` (the padding dropped), float32
@@ -659,6 +665,11 @@ def nf4_quantize(weight: Tensor) -> NF4Weight:
     by its absmax (largest magnitude; an all-zero block by 1) and each value replaced by the index of the
     nearest of the 16 ``NF4_LEVELS`` (halfway: the lower); the indices are packed two per byte, the first
     in the high half (``(first << 4) | second``, uint8); the absmax values go through ``double_quantize``.
+
+    The weight keeps its dtype (no cast): the distances to the float32 levels are taken in NumPy's
+    promotion of the two (float64 for a float64 weight, float32 for float16 or float32). ``argmin`` gives
+    int64 indices: cast them to uint8 before ``(first << 4) | second``. The absmax of an all-zero block
+    goes to ``double_quantize`` as it is, 0 (the 1 is only the divisor).
     """
     check_type("weight", weight, Tensor, "a Tensor")
     check_floating_input("nf4_quantize", weight)

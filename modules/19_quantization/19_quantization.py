@@ -125,7 +125,10 @@ for name, bytes_per_weight in [("float32", 4), ("bfloat16", 2), ("int8", 1 + 4 /
 # range: `low` and `high` may be numbers (one range) or tensors of one shape
 # (a range per channel, section 3). Work on the arrays: `xp = low._backend.xp`,
 # `low.data`, and wrap results with `Tensor._make(array, low._backend)` so that
-# they stay on the tensors' device.
+# they stay on the tensors' device. One NumPy trap with one range: a ufunc on
+# 0-d arrays (`np.round`, `a - b`) returns a NumPy *scalar*, not a 0-d array;
+# `xp.asarray(result)` makes it an array again before `Tensor._make`, wherever
+# a 0-d result must stay an array (a layer's buffer, section 4).
 
 # %% export="quantization"
 """Quantization: int8 per output channel, calibrated activations, fake-quant training, and 4-bit NF4.
@@ -238,7 +241,11 @@ print("choose_qparams OK")
 # scale, zero_point)` returns $s(q - z)$ in the scale's dtype, float32. Mind
 # NumPy's promotion rules here: an int32 array times a float32 array is
 # **float64** (int32 does not fit in float32's 24-bit mantissa, so NumPy widens);
-# cast the codes and the zero point to the scale's dtype first.
+# cast the codes and the zero point to the scale's dtype first. `quantize` meets
+# the same rule: `round(x / scale) + zero_point` with an int32 zero point is
+# float64 too — harmless to the codes, which are whole numbers cast to int8 after
+# the clip, but a float64 copy of `x`; cast the zero point to `x`'s dtype to stay
+# in float32.
 
 # %% export="quantization"
 def qparams_like(x: Tensor, scale: Any, zero_point: Any) -> tuple[Tensor, Tensor]:
@@ -367,7 +374,8 @@ codes, scale = quantize_per_channel(weight)
 error = np.abs(weight.numpy() - scale.numpy()[:, None] * codes.numpy())
 assert (error <= scale.numpy()[:, None] / 2 * (1 + 1e-5)).all(), "every weight within half its row's step"
 codes4, scale4 = quantize_per_channel(weight, bits=4)
-assert np.abs(codes4.numpy()).max() == 7 and np.allclose(scale4.numpy(), scale.numpy() * 127 / 7, rtol=1e-6)
+assert np.abs(codes4.numpy()).max() == 7 and np.allclose(scale4.numpy(), scale.numpy() * 127 / 7, rtol=1e-6), \
+    f"bits=4: codes in [-7, 7] and scales 127/7 times int8's, got a largest |code| of {np.abs(codes4.numpy()).max()}"
 print("quantize_per_channel OK")
 
 # %% [markdown]
@@ -417,9 +425,11 @@ for name, approximation in [("per tensor", per_tensor_round_trip(weight)), ("per
 #
 # `Observer.observe(x)` updates `low` and `high` (Python floats, `None` before the
 # first batch) and counts the batches in `batches`; `qparams(bits)` (given) turns
-# the range into an affine scale and zero point. For the percentile average, a
+# the range into an affine scale and zero point. The first batch sets `low` and
+# `high` to its own range, for either method. For the percentile average, a
 # running mean needs no list of past batches: after $n$ batches,
-# $m_n = m_{n-1} + (v_n - m_{n-1}) / n$. `xp.percentile(array, p)` takes $p$ in
+# $m_n = m_{n-1} + (v_n - m_{n-1}) / n$ for $n \ge 2$, starting from $m_1 = v_1$
+# (the first batch's value: there is no $m_0$, `low` and `high` are `None`). `xp.percentile(array, p)` takes $p$ in
 # percent. Read a 0-d array out with `float(...)`.
 
 # %% export="quantization"
@@ -429,7 +439,8 @@ class Observer:
     ``method="minmax"``: ``low`` and ``high`` are the smallest and largest value of every batch seen.
     ``method="percentile"``: per batch, the ``100 - percentile``-th and ``percentile``-th percentiles of
     its values, averaged over the batches (after ``n`` batches ``m_n = m_{n-1} + (v_n - m_{n-1}) / n``).
-    ``low`` and ``high`` are Python floats (``None`` before the first batch); ``batches`` counts them.
+    ``low`` and ``high`` are Python floats (``None`` before the first batch, which sets them to its own
+    range); ``batches`` counts them.
     """
 
     METHODS = ("minmax", "percentile")
@@ -444,7 +455,10 @@ class Observer:
         self.batches = 0
 
     def observe(self, x: Tensor) -> None:
-        """Take the range of the batch ``x`` (a non-empty floating-point tensor) into ``low`` and ``high``."""
+        """Take the range of the batch ``x`` into ``low`` and ``high``: the first batch sets them, later ones
+        widen them (min/max) or move their running mean (percentile). ``x`` is a non-empty tensor
+        (``ValueError`` if empty); its dtype is not checked: a layer's inputs are floating-point, and an
+        integer batch would be observed by its values all the same."""
         check_type("x", x, Tensor, "a Tensor")
         if x.size == 0:
             raise ValueError(f"Observer.observe: the batch is empty (shape {x.shape})")
@@ -588,7 +602,10 @@ print("int8_matmul OK")
 #    x.max())` (dynamic, affine, 8 bits);
 # 2. `q_x = quantize(x, input_scale, input_zero_point)`, int8 in $[-128, 127]$;
 # 3. the int32 sums: `int8_matmul(q_x, weight_codes)`, minus the input's zero
-#    point times each row's sum of weight codes (sum them in int32);
+#    point times each row's sum of weight codes. Sum them in int32:
+#    `weight_codes.data.sum(axis=1, dtype=xp.int32)` — a plain `.sum()` of
+#    int8 (or int32) values gives int64 on Linux, NumPy's default for integer
+#    sums, and the result would leave int32;
 # 4. the rescale: times `input_scale * weight_scale` (one factor per output
 #    column), in `x`'s dtype.
 #
@@ -605,7 +622,8 @@ def int8_linear(x: Tensor, weight_codes: Tensor, weight_scale: Tensor, input_sca
     The input's ``(input_scale, input_zero_point)`` are given (static), or, both None, this batch's
     ``choose_qparams(min of x, max of x)`` (dynamic). Then ``q_x = quantize(x, input_scale,
     input_zero_point)`` (int8), the int32 sums ``int8_matmul(q_x, weight_codes) - input_zero_point *
-    (row sums of weight_codes)``, and the rescale by ``input_scale * weight_scale``.
+    (row sums of weight_codes)``, the row sums taken with ``dtype=int32`` (NumPy sums integers in int64
+    otherwise), and the rescale by ``input_scale * weight_scale``.
     """
     check_type("x", x, Tensor, "a Tensor")
     check_floating_input("int8_linear", x)
@@ -641,7 +659,8 @@ assert np.allclose(dynamic.numpy(), stands_for, rtol=1e-5, atol=1e-5), "subtract
 assert np.allclose(dynamic.numpy(), x.numpy() @ weight.numpy().T, atol=0.05), "close to the float layer"
 static = int8_linear(x, codes, scale, s_x * 0.5, 0)  # a narrower calibrated range: large inputs clip
 clipped = np.clip(np.round(x.numpy() / (s_x.item() * 0.5)), -128, 127) * s_x.item() * 0.5
-assert np.allclose(static.numpy(), clipped @ dequantize(codes, scale.reshape(-1, 1)).numpy().T, rtol=1e-5, atol=1e-5)
+assert np.allclose(static.numpy(), clipped @ dequantize(codes, scale.reshape(-1, 1)).numpy().T, rtol=1e-5, atol=1e-5), \
+    "static: quantize with the given input_scale and input_zero_point (inputs beyond their range clip)"
 print("int8_linear OK")
 
 # %% [markdown]
@@ -1157,7 +1176,8 @@ print(np.round(normal_float_levels(), 4))
 # (0 to 15) of the **nearest level**. Small blocks keep an outlier from ruining
 # more than 63 neighbours. A weight whose size is not a multiple of 64 gets its
 # last block padded with zeros (`blocks(values, size)`, given), which change no
-# absmax.
+# absmax. An all-zero block is divided by 1 instead of 0 (its codes all point at
+# the level 0), but its absmax is recorded as it is: 0.
 #
 # **Double quantization.** A float32 absmax per 64 weights costs $32/64 = 0.5$
 # bits per weight — an eighth of the 4 bits. So QLoRA quantizes the absmax
@@ -1179,7 +1199,9 @@ print(np.round(normal_float_levels(), 4))
 # every value with the 16 levels (`nf4_levels(backend)`, given: the table as a
 # float32 array on the device) and take the `argmin` of the distances: a value
 # exactly halfway between two levels takes the lower one, as `argmin` takes the
-# first.
+# first. Take the distances in the weight's own dtype, promoted with the
+# levels' float32 (float64 for a float64 weight): no cast first. `argmin` gives
+# int64 indices; cast them to uint8 before packing, so that the bytes are uint8.
 
 # %% export="quantization"
 # QLoRA's NF4 data type (Dettmers et al. 2023, appendix E; bitsandbytes' table): 16 levels at quantiles of N(0, 1).
@@ -1226,7 +1248,8 @@ class NF4Weight:
 def double_quantize(absmax: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """The block scales of NF4 in 8 bits (QLoRA's double quantization).
 
-    The ``n`` values (taken as float32) lose their mean, are cut into groups of ``DOUBLE_QUANT_BLOCK``
+    The ``n`` values (taken as float32) lose their mean — a float32 mean of the float32 values
+    (``absmax.mean()``), and that float32 number is the one returned — are cut into groups of ``DOUBLE_QUANT_BLOCK``
     (``blocks``: the last one padded with zeros), and each group is quantized symmetrically to int8
     codes in ``[-127, 127]`` with its own scale (``choose_qparams(-amax, amax, symmetric=True)``,
     ``quantize``). Returns ``(codes, scale, mean)``: int8 ``(n,)`` (the padding dropped), float32
@@ -1253,7 +1276,8 @@ assert codes.dtype == np.int8 and codes.shape == (303,) and scale.shape == (2,) 
     (codes.shape, scale.shape, mean.shape)
 assert np.isclose(mean.item(), absmax.numpy().mean()) and mean.dtype == np.float32, "the mean, float32"
 centred = absmax.numpy() - mean.item()
-assert np.allclose(scale.numpy(), [np.abs(centred[:256]).max() / 127, np.abs(centred[256:]).max() / 127])
+assert np.allclose(scale.numpy(), [np.abs(centred[:256]).max() / 127, np.abs(centred[256:]).max() / 127]), \
+    f"a scale per group of 256 centred values, its largest magnitude / 127; got {scale.numpy()}"
 assert codes.numpy()[0] == -127, "the largest magnitude of a group maps to -127 or 127"
 back = scale.numpy().repeat(256)[:303] * codes.numpy() + mean.item()
 assert np.abs(back - absmax.numpy()).max() <= scale.numpy().max() / 2 * (1 + 1e-5), "within half a step"
@@ -1267,6 +1291,11 @@ def nf4_quantize(weight: Tensor) -> NF4Weight:
     by its absmax (largest magnitude; an all-zero block by 1) and each value replaced by the index of the
     nearest of the 16 ``NF4_LEVELS`` (halfway: the lower); the indices are packed two per byte, the first
     in the high half (``(first << 4) | second``, uint8); the absmax values go through ``double_quantize``.
+
+    The weight keeps its dtype (no cast): the distances to the float32 levels are taken in NumPy's
+    promotion of the two (float64 for a float64 weight, float32 for float16 or float32). ``argmin`` gives
+    int64 indices: cast them to uint8 before ``(first << 4) | second``. The absmax of an all-zero block
+    goes to ``double_quantize`` as it is, 0 (the 1 is only the divisor).
     """
     check_type("weight", weight, Tensor, "a Tensor")
     check_floating_input("nf4_quantize", weight)
@@ -1300,7 +1329,7 @@ packed = nf4_quantize(block)
 assert packed.codes.dtype == np.uint8 and packed.codes.shape == (32,), packed.codes
 assert packed.codes.numpy()[:3].tolist() == [242, 168, 119], f"(first << 4) | second: got {packed.codes.numpy()[:3]}"
 assert packed.absmax_codes.numpy().tolist() == [0] and np.isclose(packed.absmax_mean.item(), 2.0), packed
-assert packed.shape == (64,)
+assert packed.shape == (64,), f"the weight's shape, got {packed.shape}"
 weight = tt.tensor(np.random.default_rng(0).standard_normal((3, 50)))
 packed = nf4_quantize(weight)
 assert packed.codes.shape == (96,) and packed.absmax_codes.shape == (3,), "150 values: 3 blocks, the last padded"
@@ -1393,7 +1422,7 @@ assert values.dtype == np.float32 and values.shape == (64,), values
 assert np.allclose(values[:5], [2.0, -1.0501461, 0.4922246, 0.1591606, 0.0]), values[:5]
 weight = tt.tensor(np.random.default_rng(1).standard_normal((40, 96)) * 0.05)
 back = nf4_dequantize(nf4_quantize(weight)).numpy()
-assert back.shape == (40, 96)
+assert back.shape == (40, 96), f"nf4_dequantize gives the weight's shape (40, 96), got {back.shape}"
 flat, restored = weight.numpy().reshape(-1, 64), back.reshape(-1, 64)
 widest_gap = np.diff(NF4_LEVELS).max() / 2 * np.abs(flat).max(axis=1, keepdims=True)
 assert (np.abs(restored - flat) <= widest_gap * 1.01).all(), "each value within half the widest gap of its block"
@@ -1467,8 +1496,8 @@ for name, seconds in times.items():
 #
 # ### A GPT, quantized
 #
-# Train a small GPT on Tiny Shakespeare (two blocks of 64 channels, 500 steps:
-# about half a minute), then quantize copies of it and measure their validation
+# Train a small GPT on Tiny Shakespeare (two blocks of 64 channels, 300 steps:
+# under a minute on two idle cores, a few minutes on a busy machine), then quantize copies of it and measure their validation
 # loss on the same held-out windows. (`tinytrain quantize runs/gpt-shakespeare`
 # prints the same table for the GPT milestone's model, four blocks of 128 channels
 # trained 2,000 steps: its int8 layers hold 26% of their float32 bytes at +0.02%
@@ -1521,7 +1550,7 @@ def validation_loss(model: tt.nn.Module) -> float:
 config = tt.nn.GPTConfig(tokenizer.vocab_size, CONTEXT, n_layer=2, n_head=4, n_embd=64)
 tt.manual_seed(0)
 start = time.perf_counter()
-trained = train(tt.nn.GPT(config), steps=500, lr=4e-3, seed=0, schedule=True).state_dict()
+trained = train(tt.nn.GPT(config), steps=300, lr=4e-3, seed=0, schedule=True).state_dict()
 print(f"trained in {time.perf_counter() - start:.0f} s")
 
 
@@ -1563,8 +1592,9 @@ for name, (total, in_linear, loss) in results.items():
 # bias), NF4's 14% (4.127 bits per weight, plus the bias); the whole model
 # shrinks less, since the embeddings and LayerNorms stay float32. The validation
 # loss moved by at most 0.02% in int8 — dynamic, or static with either observer —
-# and by 0.04% in NF4. The percentile observer did not beat min/max: clipping a
-# transformer's largest activations is rarely free. Transformers carry
+# and by 0.04% in NF4. The percentile observer did not clearly beat min/max (they
+# differ by hundredths of a percent): clipping a transformer's largest
+# activations is rarely free. Transformers carry
 # information in a few large activations (Dettmers et al. 2022, *LLM.int8()*,
 # found whole outlier feature dimensions in large models); a percentile observer
 # is for inputs whose extremes are noise.
@@ -1604,8 +1634,8 @@ with tt.no_grad():
         print(f"{layer_name:18s}" + "".join(f"{error:22.4f}" for error in errors))
 
 # %% [markdown]
-# int8 layers are off by about half a percent of their output, NF4 layers by 3
-# to 5% — and still the loss barely moves: the errors are small, unbiased noise,
+# int8 layers are off by about half a percent of their output, NF4 layers by 2
+# to 6% — and still the loss barely moves: the errors are small, unbiased noise,
 # and the residual stream and the LayerNorms average them out. Static and
 # dynamic int8 differ little here, since the calibration batches come from the
 # same text as the validation windows.
@@ -1642,8 +1672,8 @@ for bits in (8, 3):
 # %% [markdown]
 # With 8-bit weights both stay within a few hundredths of a percent of the float
 # control: nothing to recover. With 3-bit weights, post-training quantization
-# lost 2.5% in the run this lesson was written with, and the QAT fine-tune
-# brought it back to 0.4%: the weights have learned to sit where rounding hurts
+# lost 0.28% in the run this lesson was written with, and the QAT fine-tune
+# brought it back to 0.19%: the weights have learned to sit where rounding hurts
 # least, and the layers after them to expect the rounded values.
 #
 # ## How PyTorch does it

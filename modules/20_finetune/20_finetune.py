@@ -9,7 +9,8 @@
 # %% [markdown]
 # # Module 20 — Fine-tuning and compression: LoRA and QLoRA, distillation, pruning
 #
-# *One sitting, about 2.5 hours: the lesson, 10 functions to write, and the measurements.*
+# *One sitting, about 2.5 hours: the lesson, 10 functions to write (two of them
+# methods of `LoRALinear`), and the measurements.*
 #
 # A trained model is rarely the model you ship. You adapt it to *your* text, and
 # you make it smaller. Practitioners with one GPU do three things:
@@ -178,8 +179,11 @@ class LoRALinear(Module):
 base = tt.nn.Linear(2, 1, bias=False)
 base.weight.data[...] = [[1.0, 1.0]]
 layer = LoRALinear(base, r=1, alpha=2)
-assert layer.scaling == 2 and layer.lora_A.shape == (1, 2) and layer.lora_B.shape == (1, 1)
-assert not base.weight.requires_grad and layer.lora_A.requires_grad and layer.lora_B.requires_grad
+assert layer.scaling == 2 and layer.lora_A.shape == (1, 2) and layer.lora_B.shape == (1, 1), \
+    f"scaling alpha / r = 2, A (r, in) = (1, 2), B (out, r) = (1, 1); got {layer.scaling}, {layer.lora_A.shape}, " \
+    f"{layer.lora_B.shape}"
+assert not base.weight.requires_grad and layer.lora_A.requires_grad and layer.lora_B.requires_grad, \
+    "the base is frozen, A and B require grad"
 x = tt.tensor([[3.0, 4.0]])
 assert np.allclose(layer(x).numpy(), [[7.0]]), "B starts at zero: the adapted layer equals its base"
 layer.lora_A.data[...] = [[1.0, 0.0]]
@@ -192,7 +196,7 @@ layer.lora_B.data[...] = np.random.default_rng(0).standard_normal((5, 3))
 x = tt.randn(2, 4, 6, dtype="float64", requires_grad=True)
 want = x.numpy() @ (layer.base.weight.numpy() + layer.delta_weight().numpy()).T + layer.base.bias.numpy()
 assert np.allclose(layer(x).numpy(), want), "forward equals one Linear with the merged weight"
-assert tt.gradcheck(lambda x, a, b: layer(x), [x, layer.lora_A, layer.lora_B])
+assert tt.gradcheck(lambda x, a, b: layer(x), [x, layer.lora_A, layer.lora_B]), "gradients of x, A and B"
 print("LoRALinear OK")
 
 # %% [markdown]
@@ -202,13 +206,22 @@ print("LoRALinear OK")
 # and values) and `c_proj`, the MLP's `c_fc` and `c_proj`. Hu et al. adapt the
 # attention projections only; peft's default for GPT-2 is `c_attn`. We take
 # `("c_attn", "c_proj")` — the last part of a layer's dotted name, so `c_proj`
-# matches both attention's and the MLP's.
+# matches both attention's and the MLP's. A target matches that last part
+# exactly: `name.rsplit(".", 1)[-1] in targets`. Not a suffix of the string
+# (`"c_proj"` does not match a layer named `xc_proj`), and a target with a dot
+# (`"attn.c_proj"`) matches no layer.
 #
 # `inject(model, targets, r, alpha)` **freezes every parameter** of the model
 # (embeddings, LayerNorms, the layers it does not adapt), then puts a
 # `LoRALinear` around each `Linear` (or quantized layer) whose name ends in one
 # of `targets`, in place (`replace_module` from Module 19 does the swapping).
-# The optimizer then gets only what still requires grad: the adapters.
+# The optimizer then gets only what still requires grad: the adapters. Only
+# layers inside the model are wrapped: the model itself (its name in
+# `named_modules` is `""`) cannot replace itself in place, so wrap a lone
+# `Linear` with `LoRALinear(layer)` directly. When `inject` raises — no layer matches, the
+# model has adapters already, or a bad `r`, `alpha` or `dropout` (checked in the
+# given code before anything changes) — the model stays as it was: find the
+# layers first, then freeze and wrap.
 #
 # `merge(model)` does the opposite for inference: each adapted `Linear` gets
 # $W \leftarrow W + \frac{\alpha}{r}BA$ and takes its wrapper's place, so the
@@ -229,10 +242,20 @@ def inject(model: Module, targets: Iterable[str] = ("c_attn", "c_proj"), r: int 
     name ends in one of ``targets`` (``"c_proj"`` matches ``"h.0.attn.c_proj"``) in ``LoRALinear(layer, r, alpha,
     dropout)``; returns ``model``. Only the adapters then require grad.
 
+    A layer matches when the last part of its dotted name equals a target (``name.rsplit(".", 1)[-1] in
+    targets``): not a string suffix (``"c_proj"`` does not match ``"xc_proj"``), and a target with a dot
+    matches nothing. Only layers inside ``model`` are wrapped: the model itself (name ``""``) cannot be
+    replaced in place.
+
     Raises ``ValueError`` when no layer matches (naming ``targets``) or when ``model`` already has adapters,
-    and nothing changes then.
+    and ``TypeError`` / ``ValueError`` naming a bad ``r`` (a whole number >= 1), ``alpha`` (> 0) or ``dropout``
+    (in ``[0, 1)``); nothing changes then.
     """
     targets = (targets,) if isinstance(targets, str) else tuple(targets)
+    # the arguments LoRALinear would refuse, checked before any parameter is frozen or any layer wrapped
+    check_int("r", r, minimum=1)
+    check_number("alpha", alpha, above=0)
+    check_number("dropout", dropout, minimum=0, below=1)
     if adapted_layers(model):
         raise ValueError(f"inject: {type(model).__name__} already has LoRA adapters; merge them first or use a new "
                          "model")
@@ -292,9 +315,10 @@ assert np.allclose(model(ids).numpy(), before), "fresh adapters change nothing"
 for _, layer in adapted_layers(model):
     layer.lora_B.data[...] = np.random.default_rng(1).standard_normal(layer.lora_B.shape) * 0.1
 adapted = model(ids).numpy()
-assert not np.allclose(adapted, before)
+assert not np.allclose(adapted, before), "a nonzero B changes the outputs"
 merge(model)
-assert not adapted_layers(model) and isinstance(model.h[0].attn.c_attn, tt.nn.Linear)
+assert not adapted_layers(model) and isinstance(model.h[0].attn.c_attn, tt.nn.Linear), \
+    f"merge puts the base Linear back in each wrapper's place, got {type(model.h[0].attn.c_attn).__name__}"
 assert np.allclose(model(ids).numpy(), adapted, atol=1e-5), "merged logits equal the adapted ones"
 print("inject and merge OK")
 
@@ -305,7 +329,10 @@ print("inject and merge OK")
 # (one per task, per customer), each a few hundred kilobytes. So they are saved
 # **apart** from the base: `adapter_state_dict(model)` is the part of
 # `model.state_dict()` that holds adapters — every `...lora_A` and `...lora_B`,
-# under the names `state_dict` gives them — and nothing else.
+# under the names `state_dict` gives them — and nothing else. A layer's name and
+# the parameter's join with a dot (`h.0.attn.c_attn.lora_A`); when the model is
+# itself a `LoRALinear`, its name is `""` and the keys are plain `lora_A` and
+# `lora_B`, with no leading dot.
 # `save_adapters(model, path)` writes it (with each layer's $\alpha$) as a
 # Module 10 checkpoint; `load_adapters(model, path)` loads it into a model that
 # has the base weights already and the same adapters injected, and refuses a file
@@ -314,7 +341,8 @@ print("inject and merge OK")
 # %% export="nn/lora"
 def adapter_state_dict(model: Module) -> dict[str, Tensor]:
     """The adapters of ``model``: the entries of ``model.state_dict()`` (copies, under the same names) that are
-    the ``lora_A`` and ``lora_B`` of its ``LoRALinear`` layers, and none of the base's."""
+    the ``lora_A`` and ``lora_B`` of its ``LoRALinear`` layers, and none of the base's: ``"h.0.attn.c_attn.lora_A"``,
+    or plain ``"lora_A"`` when ``model`` is itself a ``LoRALinear`` (its name is ``""``)."""
     ### BEGIN SOLUTION
     names = {f"{name}.{part}" if name else part for name, _ in adapted_layers(model) for part in ("lora_A", "lora_B")}
     return {name: value for name, value in model.state_dict().items() if name in names}
@@ -386,7 +414,8 @@ print(f"adapters OK: {sum(v.size for v in state.values())} numbers")
 # %% check=2
 model = tt.quantization.quantize_model(tiny_gpt(), "nf4")
 inject(model, ("c_attn", "c_proj"), r=4, alpha=8)
-assert isinstance(model.h[0].attn.c_attn.base, tt.quantization.NF4Linear)
+assert isinstance(model.h[0].attn.c_attn.base, tt.quantization.NF4Linear), \
+    f"inject wraps the NF4 layer itself, got a base of {type(model.h[0].attn.c_attn.base).__name__}"
 optimizer = tt.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
 targets = tt.tensor(np.random.default_rng(2).integers(0, 11, (3, 8)))
 first = None
@@ -492,8 +521,10 @@ labels = tt.tensor(rng.integers(0, 5, (2, 3)))
 same = distillation_loss(teacher.detach(), teacher.detach(), labels, alpha=1.0).item()
 assert abs(same) < 1e-12, f"a student equal to its teacher has no soft loss, got {same}"
 plain = distillation_loss(student, teacher, labels, alpha=0.0).item()
-assert abs(plain - tt.nn.functional.cross_entropy(student.reshape(6, 5), labels.reshape(6)).item()) < 1e-12
-assert tt.gradcheck(lambda s: distillation_loss(s, teacher, labels, temperature=3.0, alpha=0.7), [student])
+hard = tt.nn.functional.cross_entropy(student.reshape(6, 5), labels.reshape(6)).item()
+assert abs(plain - hard) < 1e-12, f"alpha=0: the hard-label cross-entropy alone, expected {hard}, got {plain}"
+assert tt.gradcheck(lambda s: distillation_loss(s, teacher, labels, temperature=3.0, alpha=0.7), [student]), \
+    "the student's gradient"
 distillation_loss(student, teacher, labels).backward()
 assert teacher.grad is None and student.grad is not None, "the teacher gets no gradient"
 print("distillation_loss OK")
@@ -535,7 +566,16 @@ print("distillation_loss OK")
 # original weight), `mask` the mask already applied (None: nothing pruned yet);
 # the result is the new mask, a float tensor of 1s and 0s in `importance`'s
 # dtype and device, equal to `mask` times the new cut. Among equal magnitudes the
-# one first in row-major order goes first (a stable sort).
+# one first in row-major order goes first (a stable sort: `xp.argsort(values,
+# kind="stable")`; CuPy accepts only `kind="stable"` or None, not NumPy's
+# `"mergesort"`). The norm of a slice along `dim` is taken over every other axis;
+# for a 1-D tensor there is none, and each slice is one entry, its norm $|x|$.
+#
+# Work on the arrays (`xp = importance._backend.xp`) and wrap the result with
+# `Tensor._make(array, importance._backend)`, so that the mask stays on the
+# tensor's device (as in Module 19). A count taken on the device — `kept.sum()`
+# is a 0-d device array on CuPy — goes through `int(...)` before
+# `pruned_count`, which wants a Python number.
 
 # %% export="prune"
 """Pruning with PyTorch's names and semantics (``torch.nn.utils.prune``).
@@ -601,8 +641,9 @@ def l1_unstructured_mask(importance: Tensor, amount: Any, mask: Tensor | None = 
 def ln_structured_mask(importance: Tensor, amount: Any, n: float, dim: int, mask: Tensor | None = None) -> Tensor:
     """``mask`` (ones when None) with ``pruned_count(amount, kept)`` more slices along ``dim`` set to 0: of the
     ``kept`` slices ``mask`` has not zeroed entirely, those whose ``importance`` has the smallest L_n norm
-    (``(sum |x|**n) ** (1/n)`` over the slice, ``n = inf``: the largest ``|x|``; ties: the first index). A float
-    tensor of 1s and 0s of ``importance``'s shape, dtype and device. ``n > 0``; ``dim`` may be negative."""
+    (``(sum |x|**n) ** (1/n)`` over the slice, ``n = inf``: the largest ``|x|``; ties: the first index; a 1-D
+    tensor's slices are single entries, of norm ``|x|``). A float tensor of 1s and 0s of ``importance``'s shape,
+    dtype and device. ``n > 0``; ``dim`` may be negative."""
     n = check_number("n", n, above=0, finite=False)
     if not -importance.ndim <= dim < importance.ndim:
         raise ValueError(f"dim={dim} is out of range for a tensor of shape {importance.shape}")
@@ -634,7 +675,8 @@ rows = ln_structured_mask(weight, 0.5, 2, 0)
 assert np.array_equal(rows.numpy(), [[0, 0, 0], [1, 1, 1]]), rows
 columns = ln_structured_mask(weight, 1, 1, -1)
 assert np.array_equal(columns.numpy(), [[1, 0, 1], [1, 0, 1]]), columns
-assert np.array_equal(ln_structured_mask(weight, 1, float("inf"), 1, columns).numpy(), [[1, 0, 0], [1, 0, 0]])
+by_max = ln_structured_mask(weight, 1, float("inf"), 1, columns).numpy()
+assert np.array_equal(by_max, [[1, 0, 0], [1, 0, 0]]), f"n=inf: the largest |x|, one more column of the kept: {by_max}"
 print("pruning masks OK")
 
 # %% [markdown]
@@ -654,9 +696,11 @@ print("pruning masks OK")
 #
 # `remove(module, name)` undoes the bookkeeping and keeps the zeros:
 # `<name>_orig`'s values become $W_\text{orig} \odot M$ (in place: still the same
-# Parameter), the plain attribute, `<name>_orig` and `<name>_mask` are deleted,
-# the Parameter is registered as `<name>` again, and `name` leaves the forward's
-# names.
+# Parameter), the plain attribute (set by `apply_mask`, it lives in
+# `module.__dict__`), `<name>_orig` and `<name>_mask` are deleted, the Parameter
+# is registered as `<name>` again, and `name` leaves the forward's names. When
+# that list is empty, delete the `PrunedForward` too (`del
+# module.__dict__["forward"]`), so that the module's own `forward` runs again.
 
 # %% export="prune"
 class PrunedForward:
@@ -747,7 +791,8 @@ def ln_structured(module: Module, name: str, amount: Any, n: float, dim: int) ->
 def remove(module: Module, name: str) -> Module:
     """Make the pruning of ``module.<name>`` permanent: the Parameter ``<name>_orig``, its values multiplied by the
     mask in place, is ``module.<name>`` again, and ``<name>_orig``, ``<name>_mask`` and the per-forward masking are
-    gone; returns ``module``. Raises ``ValueError`` naming the tensor when it is not pruned."""
+    gone: the plain attribute ``module.__dict__[name]``, and the ``PrunedForward`` in ``module.__dict__["forward"]``
+    once no other tensor of the module is pruned. Raises ``ValueError`` naming the tensor when it is not pruned."""
     if not is_pruned(module, name):
         raise ValueError(f"remove: {name!r} of {type(module).__name__} is not pruned")
     ### BEGIN SOLUTION
@@ -775,7 +820,8 @@ tt.manual_seed(0)
 layer = tt.nn.Linear(8, 6)
 parameter = layer.weight
 l1_unstructured(layer, "weight", amount=0.5)
-assert set(dict(layer.named_parameters())) == {"weight_orig", "bias"} and layer.weight_orig is parameter
+assert set(dict(layer.named_parameters())) == {"weight_orig", "bias"} and layer.weight_orig is parameter, \
+    f"the same Parameter as weight_orig, got parameters {sorted(dict(layer.named_parameters()))}"
 assert "weight_mask" in layer.state_dict() and sparsity(layer.weight) == 0.5, sparsity(layer.weight)
 optimizer = tt.optim.SGD(layer.parameters(), lr=0.5)
 for _ in range(3):
@@ -789,8 +835,10 @@ zero_rows = int((layer.weight.numpy() == 0).all(axis=1).sum())
 assert zero_rows == 3, f"half of the 6 rows pruned on top of the entries: {zero_rows} rows all zero"
 pruned = layer.weight.numpy()
 remove(layer, "weight")
-assert layer.weight is parameter and set(layer.state_dict()) == {"weight", "bias"}
-assert np.array_equal(layer.weight.numpy(), pruned) and "forward" not in layer.__dict__
+assert layer.weight is parameter and set(layer.state_dict()) == {"weight", "bias"}, \
+    f"remove: the same Parameter is weight again, got state_dict keys {sorted(layer.state_dict())}"
+assert np.array_equal(layer.weight.numpy(), pruned), "remove keeps the zeros in the Parameter"
+assert "forward" not in layer.__dict__, "remove deletes the PrunedForward once its list of names is empty"
 print("pruning OK")
 
 # %% [markdown]

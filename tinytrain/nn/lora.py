@@ -85,10 +85,20 @@ def inject(model: Module, targets: Iterable[str] = ("c_attn", "c_proj"), r: int 
     name ends in one of ``targets`` (``"c_proj"`` matches ``"h.0.attn.c_proj"``) in ``LoRALinear(layer, r, alpha,
     dropout)``; returns ``model``. Only the adapters then require grad.
 
+    A layer matches when the last part of its dotted name equals a target (``name.rsplit(".", 1)[-1] in
+    targets``): not a string suffix (``"c_proj"`` does not match ``"xc_proj"``), and a target with a dot
+    matches nothing. Only layers inside ``model`` are wrapped: the model itself (name ``""``) cannot be
+    replaced in place.
+
     Raises ``ValueError`` when no layer matches (naming ``targets``) or when ``model`` already has adapters,
-    and nothing changes then.
+    and ``TypeError`` / ``ValueError`` naming a bad ``r`` (a whole number >= 1), ``alpha`` (> 0) or ``dropout``
+    (in ``[0, 1)``); nothing changes then.
     """
     targets = (targets,) if isinstance(targets, str) else tuple(targets)
+    # the arguments LoRALinear would refuse, checked before any parameter is frozen or any layer wrapped
+    check_int("r", r, minimum=1)
+    check_number("alpha", alpha, above=0)
+    check_number("dropout", dropout, minimum=0, below=1)
     if adapted_layers(model):
         raise ValueError(f"inject: {type(model).__name__} already has LoRA adapters; merge them first or use a new "
                          "model")
@@ -129,7 +139,8 @@ def merge(model: Module) -> Module:
 # student: Module 20
 def adapter_state_dict(model: Module) -> dict[str, Tensor]:
     """The adapters of ``model``: the entries of ``model.state_dict()`` (copies, under the same names) that are
-    the ``lora_A`` and ``lora_B`` of its ``LoRALinear`` layers, and none of the base's."""
+    the ``lora_A`` and ``lora_B`` of its ``LoRALinear`` layers, and none of the base's: ``"h.0.attn.c_attn.lora_A"``,
+    or plain ``"lora_A"`` when ``model`` is itself a ``LoRALinear`` (its name is ``""``)."""
     names = {f"{name}.{part}" if name else part for name, _ in adapted_layers(model) for part in ("lora_A", "lora_B")}
     return {name: value for name, value in model.state_dict().items() if name in names}
 
