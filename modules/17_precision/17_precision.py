@@ -743,9 +743,9 @@ print("online softmax OK")
 #   `lse`, and each block's `top`, `total`, `acc`), or a float32 attention
 #   computes, and returns, float64.
 # - *empty rows*: for a row with nothing allowed `total` is 0, and
-#   `xp.log(0)` (and `acc / 0`) warns "divide by zero" even when
-#   `xp.where` replaces the result afterwards: `xp.where` evaluates both
-#   branches. Divide by, and take the log of,
+#   `xp.log(0)` warns "divide by zero" (`acc / 0`, which is 0 / 0, "invalid
+#   value") even when `xp.where` replaces the result afterwards: `xp.where`
+#   evaluates both branches. Divide by, and take the log of,
 #   `safe_total = xp.where(total == 0, 1, total)` instead, then put $+\infty$
 #   into those rows' `lse`.
 
