@@ -40,6 +40,10 @@ def float32_to_bfloat16(x: np.ndarray) -> np.ndarray:
     its sign bit (``0xFFC0`` when negative). Bit for bit what ``x.astype(ml_dtypes.bfloat16)``
     gives, for every float32 (subnormals, infinities and the largest numbers, which round
     to infinity, included).
+
+    The shifted bits are still ``uint32``: narrow them with ``.astype(np.uint16)`` before
+    ``.view(BFLOAT16)`` (a view of 4-byte numbers as 2-byte ones doubles the last axis).
+    ``x`` is not changed.
     """
     bits = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
     kept = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16  # wraps around only for NaNs, replaced below
@@ -50,7 +54,11 @@ def float32_to_bfloat16(x: np.ndarray) -> np.ndarray:
 # student: Module 17
 def bfloat16_to_float32(x: np.ndarray) -> np.ndarray:
     """The bfloat16 array ``x`` as float32, exactly: a new float32 array of ``x``'s shape whose
-    upper 16 bits are ``x``'s bits and whose lower 16 bits are 0."""
+    upper 16 bits are ``x``'s bits and whose lower 16 bits are 0.
+
+    Widen the ``uint16`` bits to ``np.uint32`` before shifting them up by 16 (on ``uint16``
+    the shift moves every bit out and gives 0), then ``.view(np.float32)``.
+    """
     bits = np.ascontiguousarray(x, dtype=BFLOAT16).view(np.uint16)
     return (bits.astype(np.uint32) << 16).view(np.float32)
 
@@ -80,9 +88,9 @@ class HalfPrecision:
         """Cast ``trainer.model``'s floating-point parameters, their gradients (where they have
         one) and its floating-point buffers to ``self.dtype`` in place
         (``t.data = t.data.astype(self.dtype)``: the same tensor objects, which the optimizer
-        holds); integer buffers stay as they are. The given first lines raise ``RuntimeError``
-        for a device that cannot hold the dtype and cast the state of a tinytrain optimizer that
-        has one already."""
+        holds); integer buffers stay as they are: what ``trainer.model.to(dtype=self.dtype)``
+        (Module 04) does. The given first lines raise ``RuntimeError`` for a device that cannot
+        hold the dtype and cast the state of a tinytrain optimizer that has one already."""
         require_dtype(trainer.model, self.dtype, self.precision)
         if isinstance(trainer.optimizer, Optimizer):
             for state in trainer.optimizer.state:

@@ -45,6 +45,9 @@ def zero_memory(num_parameters: int, world_size: int, stage: int, state_arrays: 
     uses the model holds none; the masters are the parameters). Padding to equal shards
     is left out. Returns floats under ``"parameters"``, ``"gradients"``,
     ``"optimizer_state"`` and their ``"total"``.
+
+    ``stage`` is 0, 1, 2 or 3 and ``world_size`` at least 1: a prediction for the stages
+    that exist (``ZeRO`` refuses any other stage); other values are not checked here.
     """
     psi, shard = 4.0 * num_parameters, 4.0 * num_parameters / world_size
     if stage == 0:
@@ -122,8 +125,11 @@ def reduce_scatter(bucket: Bucket, comm: Any) -> np.ndarray:
     is None counts as zeros; a gradient on a device comes to the host with its
     backend's ``to_host``) into one buffer; one ``comm.Reduce_scatter_block(send,
     receive)`` sums the buffers and hands each rank its block; divided by the number of
-    ranks that is the mean. Returns a new host array of ``shard_size`` numbers in the
-    bucket's dtype (float32 for float16 gradients too: the sum must not overflow).
+    ranks that is the mean. Returns a new host array of ``shard_size`` numbers in
+    ``bucket.dtype``, the dtype of ``bucket.flatten``'s buffer, with no cast of its own.
+    Under mixed precision the buckets are float32 (cut from the float32 parameters before
+    the model got its float16 copies), so float16 gradients are summed in float32 and the
+    sum does not overflow.
     """
     grads = [None if p.grad is None else p.grad._backend.to_host(p.grad.data) for p in bucket.params]
     send = bucket.flatten(grads)
@@ -140,7 +146,8 @@ def all_gather(bucket: Bucket, shard: np.ndarray, comm: Any) -> np.ndarray:
 
     A gather adds nothing, it only moves bytes: send and receive the arrays viewed as
     unsigned integers of the same size (``array.view(f"u{array.itemsize}")``), so that
-    dtypes MPI has no type for (float16, bfloat16) travel too.
+    dtypes MPI has no type for (float16, bfloat16) travel too. Such a view needs a
+    contiguous array: send ``np.ascontiguousarray(shard)``.
     """
     full = np.empty(bucket.padded, dtype=shard.dtype)
     raw = f"u{shard.dtype.itemsize}"
@@ -154,8 +161,11 @@ def global_norm_and_flags(gradients: list[Tensor], flags: list[float], comm: Any
     the rest) make on all ranks together, and ``flags`` summed over the ranks, from ONE
     ``comm.Allreduce`` of a float64 buffer: this rank's sum of squares, then its flags.
 
-    Add the squares up on each gradient's device and read the sum to the host once per
-    gradient; in float64, or in the gradients' dtype and again in float64 when that sum
+    ``gradients`` are Tensors, none of them None (ZeRO passes its masters' gradients,
+    which every step's reduction sets). Add the squares up on each gradient's device and
+    read the sum to the host once per gradient: these are one per bucket, a handful, not
+    one per parameter as in Module 09, where the sums stay on the device until one read per
+    device. Sum in float64, or in the gradients' dtype and again in float64 when that sum
     is ``inf`` (float32 squares overflow above about 1.8e19). Returns ``(norm, summed
     flags)``: a Python float and a list of Python floats.
     """
@@ -373,7 +383,10 @@ class ZeRO:
         of the masters, cast to the compute dtype first when there is one (under 16-mixed half the
         bytes travel); each parameter's ``data`` becomes its part of the gathered vector
         (``bucket.unflatten``), on the model's device (``self.backend.from_host``) and in its
-        memory order (``self.orders[id(param)]``: ``"F"`` takes ``np.asfortranarray``)."""
+        memory order (``self.orders[id(param)]``: ``"F"`` takes ``np.asfortranarray``; ``"C"``
+        keeps the slice as it is, already C order). On the CPU the parameters' arrays are then
+        views into the gathered vector, with no copy: that is intended, since nothing else holds
+        the vector and every gather makes a new one; the masters stay apart."""
         for bucket in buckets:
             shard = self.state_backend.to_host(bucket.master.data)
             if self.compute_dtype is not None:
@@ -406,9 +419,13 @@ class ZeRO:
     def reduce_gradients(self, buckets: list[Bucket]) -> None:
         """Reduce-scatter ``buckets``' gradients (:func:`reduce_scatter`): this rank's shard of the mean
         goes to its master's ``.grad`` on the masters' device (``self.state_backend.from_host``).
-        The step's first reduction of a bucket replaces what ``master.grad`` held; a later one
-        (stage 3 reduces each layer once per micro-batch) adds to it. Mark the bucket
-        ``accumulating``. From stage 2 on, free the full gradients (``.grad = None``)."""
+        The step's first reduction of a bucket (not ``accumulating``) sets ``master.grad`` to a new
+        tensor, ``Tensor._make(shard, self.state_backend)`` as Module 13's ``unscale_`` makes one,
+        whatever ``master.grad`` held (None included); a later one (stage 3 reduces each layer
+        once per micro-batch) adds the shard in place, ``master.grad.data += shard``. Mark the
+        bucket ``accumulating``: it is True only after this step's first reduction has set
+        ``master.grad``, so an accumulating master always has one. From stage 2 on, free the
+        full gradients (``.grad = None``)."""
         for bucket in buckets:
             shard = self.state_backend.from_host(reduce_scatter(bucket, self.comm))
             master = bucket.master
@@ -428,21 +445,26 @@ class ZeRO:
 
         1. ``self.check_model(parameters)``; reduce the gradients of every bucket that no
            backward has reduced in this step (not ``accumulating``).
-        2. Mixed precision (``self.precision`` is not None): ``restore_masters()``; when it has
-           a ``scaler``, ``overflow = scaler.unscale_(masters)`` (this rank's shards);
-           otherwise there is no overflow.
+        2. Mixed precision (``self.precision`` is not None): ``restore_masters()``; when its
+           ``scaler`` is not None, ``overflow = scaler.unscale_(masters)`` (this rank's shards);
+           otherwise (a ``bf16-mixed`` plugin has ``scaler = None``; read it with
+           ``getattr(self.precision, "scaler", None)``) there is no overflow. ``unscale_``
+           *replaces* each ``master.grad`` by a new tensor: read the masters' gradients after
+           it, since a list taken before holds arrays the optimizer never sees.
         3. :func:`global_norm_and_flags` of the masters' gradients with the flags ``[loss not
            finite, overflow]`` (1.0 or 0.0): the norm and how many ranks had each.
         4. With a scaler, ``self.precision.update_scale(ranks that overflowed > 0)``; then
-           ``self.nonfinite_ranks`` = the ranks whose loss was not finite, and skip unless
+           ``self.nonfinite_ranks`` = the ranks whose loss was not finite, as an int
+           (``round`` the summed flag), and skip unless
            ``trainer._plugins_allow(loss, self.nonfinite_ranks, no rank overflowed)``.
         5. Clipping (``trainer.grad_clip_norm`` not None), as ``_clip_and_step`` does with the
            global norm: a non-finite norm is ``trainer._skip(f"the gradient norm is {norm}")``;
            otherwise append it to ``norms`` and, above the maximum, scale the masters'
            gradients by ``max_norm / (norm + 1e-6)``.
         6. ``self.optimizer.step()``, count it in ``trainer.step``, return True.
-        Whatever happens, end the step: every bucket stops ``accumulating``, and at stage 3
-        the model's own parameters are released (``release_model_parameters``).
+        Whatever happens from step 1 on (``check_model`` raising included: put all of it in
+        ``try``, the ending in ``finally``), end the step: every bucket stops ``accumulating``,
+        and at stage 3 the model's own parameters are released (``release_model_parameters``).
         """
         try:
             self.check_model(parameters)

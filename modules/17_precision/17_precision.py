@@ -142,9 +142,19 @@ for name in ("float32", "float16", "bfloat16"):
 #
 # Write both, on NumPy arrays. The bits of an array are a *view* with another
 # dtype, no copy: `x.view(np.uint32)` for float32, `.view(np.uint16)` for
-# bfloat16, and back with `.view(np.float32)` / `.view(tt.bfloat16)`. NumPy's
+# bfloat16, and back with `.view(np.float32)` / `.view(BFLOAT16)` (the export
+# cell imports bfloat16's dtype as `BFLOAT16` from `tinytrain.backend`; `tt` is
+# not imported there, so `tt.bfloat16` fails in the library). NumPy's
 # shifts and adds work on unsigned integers (`bits >> 16`, `bits + 0x7FFF`)
 # and keep their dtype; `np.where(condition, a, b)` picks elementwise.
+#
+# A view reinterprets bytes, so the integer's width must match the float's:
+# - narrowing: `(b + 0x7FFF + r) >> 16` is still `uint32` (4 bytes a number).
+#   Cast it with `.astype(np.uint16)` *before* `.view(BFLOAT16)`; viewing 4
+#   bytes as 2-byte bfloat16 would give two numbers for each, the last axis
+#   twice as long.
+# - widening: `bits << 16` on `uint16` shifts every bit out and gives 0.
+#   Widen first, `bits.astype(np.uint32) << 16`, then `.view(np.float32)`.
 
 # %% export="precision"
 """Precision: bfloat16's bits, and the five precision modes of ``Trainer(precision=...)``.
@@ -186,6 +196,10 @@ def float32_to_bfloat16(x: np.ndarray) -> np.ndarray:
     its sign bit (``0xFFC0`` when negative). Bit for bit what ``x.astype(ml_dtypes.bfloat16)``
     gives, for every float32 (subnormals, infinities and the largest numbers, which round
     to infinity, included).
+
+    The shifted bits are still ``uint32``: narrow them with ``.astype(np.uint16)`` before
+    ``.view(BFLOAT16)`` (a view of 4-byte numbers as 2-byte ones doubles the last axis).
+    ``x`` is not changed.
     """
     bits = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
     ### BEGIN SOLUTION
@@ -197,7 +211,11 @@ def float32_to_bfloat16(x: np.ndarray) -> np.ndarray:
 
 def bfloat16_to_float32(x: np.ndarray) -> np.ndarray:
     """The bfloat16 array ``x`` as float32, exactly: a new float32 array of ``x``'s shape whose
-    upper 16 bits are ``x``'s bits and whose lower 16 bits are 0."""
+    upper 16 bits are ``x``'s bits and whose lower 16 bits are 0.
+
+    Widen the ``uint16`` bits to ``np.uint32`` before shifting them up by 16 (on ``uint16``
+    the shift moves every bit out and gives 0), then ``.view(np.float32)``.
+    """
     bits = np.ascontiguousarray(x, dtype=BFLOAT16).view(np.uint16)
     ### BEGIN SOLUTION
     return (bits.astype(np.uint32) << 16).view(np.float32)
@@ -222,11 +240,17 @@ with np.errstate(invalid="ignore"):  # ml_dtypes warns when it casts a NaN
 assert np.array_equal(float32_to_bfloat16(_all_kinds).view(np.uint16), expected.view(np.uint16)), \
     "bit for bit what ml_dtypes gives"
 _kept = _all_kinds.copy()
-assert float32_to_bfloat16(_all_kinds.reshape(400, 500)).shape == (400, 500)
+_rounded = float32_to_bfloat16(_all_kinds.reshape(400, 500))
+assert (_rounded.dtype, _rounded.shape) == (BFLOAT16, (400, 500)), \
+    f"a bfloat16 array of the input's shape (400, 500), got {_rounded.dtype} {_rounded.shape} " \
+    "(narrow the uint32 bits with .astype(np.uint16) before .view(BFLOAT16))"
 assert np.array_equal(_all_kinds.view(np.uint32), _kept.view(np.uint32)), "the input stays as it was"
 _back = bfloat16_to_float32(expected)
-assert _back.dtype == np.float32 and np.array_equal(_back.view(np.uint32), expected.view(np.uint16).astype(np.uint32) << 16)
-assert bfloat16_to_float32(expected.reshape(400, 500)).shape == (400, 500)
+assert _back.dtype == np.float32, f"bfloat16_to_float32 gives float32, got {_back.dtype}"
+assert np.array_equal(_back.view(np.uint32), expected.view(np.uint16).astype(np.uint32) << 16), \
+    "the bfloat16 bits on top, zeros below (widen to np.uint32 before << 16: on uint16 the shift gives 0)"
+_widened = bfloat16_to_float32(expected.reshape(400, 500))
+assert _widened.shape == (400, 500), f"the input's shape (400, 500), got {_widened.shape}"
 print("bfloat16 rounding OK")
 
 # %% [markdown]
@@ -355,7 +379,10 @@ print(f"{'attention':10s} -> {nn.functional.scaled_dot_product_attention(q16, q1
 #   so the optimizer, which holds the same parameter objects, sees them. Use
 #   `is_floating(t.dtype)`: bfloat16 counts, integers do not. The given first
 #   lines refuse a device that has no such dtype, and cast an optimizer state
-#   that exists already.
+#   that exists already. Module 04's `Module.to(dtype=...)` does exactly this
+#   cast in place (floating parameters, gradients and buffers; integers kept),
+#   so `trainer.model.to(dtype=self.dtype)` is a one-line answer; the loop
+#   over `parameters()` and `buffers()` is the other.
 # * `forward_loss(model, loss_fn, inputs, targets)` computes one batch's loss:
 #   a floating-point tensor `inputs` cast to `self.dtype` (integer inputs —
 #   token ids — and anything that is not a tensor, such as a list of ids, as
@@ -390,9 +417,9 @@ class HalfPrecision:
         """Cast ``trainer.model``'s floating-point parameters, their gradients (where they have
         one) and its floating-point buffers to ``self.dtype`` in place
         (``t.data = t.data.astype(self.dtype)``: the same tensor objects, which the optimizer
-        holds); integer buffers stay as they are. The given first lines raise ``RuntimeError``
-        for a device that cannot hold the dtype and cast the state of a tinytrain optimizer that
-        has one already."""
+        holds); integer buffers stay as they are: what ``trainer.model.to(dtype=self.dtype)``
+        (Module 04) does. The given first lines raise ``RuntimeError`` for a device that cannot
+        hold the dtype and cast the state of a tinytrain optimizer that has one already."""
         require_dtype(trainer.model, self.dtype, self.precision)
         if isinstance(trainer.optimizer, Optimizer):
             for state in trainer.optimizer.state:
@@ -510,7 +537,8 @@ for precision in tt.precision.PRECISIONS:
     loss, accuracy, report = mlp_runs[precision] = train_mlp(precision)
     print(f"{precision:10s} {loss:9.4f} {accuracy:9.3f} {report['parameters']:9,d} {report['gradients']:9,d} "
           f"{report['optimizer_state']:10,d} {report['total']:9,d}")
-assert mlp_runs["bf16-true"][2]["total"] * 2 == mlp_runs["32-true"][2]["total"]
+assert mlp_runs["bf16-true"][2]["total"] * 2 == mlp_runs["32-true"][2]["total"], \
+    "bf16-true keeps weights, gradients and optimizer state in half the bytes of 32-true"
 
 # %% [markdown]
 # The true modes hold exactly half the bytes; the mixed modes hold what
@@ -708,6 +736,18 @@ print("online softmax OK")
 # `query[..., rows, :]`, of `lse` with `lse[..., rows]`; the transpose of a
 # key tile is `xp.swapaxes(k, -1, -2)`; a masked tile is
 # `xp.where(mask, scores, -xp.inf)`.
+#
+# Two traps:
+# - *dtype*: `xp.zeros(shape)` and `xp.full(shape, -xp.inf)` make float64
+#   arrays. Pass `dtype=query.dtype` to every array you allocate (`out`,
+#   `lse`, and each block's `top`, `total`, `acc`), or a float32 attention
+#   computes, and returns, float64.
+# - *empty rows*: for a row with nothing allowed `total` is 0, and
+#   `xp.log(0)` warns "divide by zero" (`acc / 0`, which is 0 / 0, "invalid
+#   value") even when `xp.where` replaces the result afterwards: `xp.where`
+#   evaluates both branches. Divide by, and take the log of,
+#   `safe_total = xp.where(total == 0, 1, total)` instead, then put $+\infty$
+#   into those rows' `lse`.
 
 # %% export="nn/flash_attention"
 class Tiles:
@@ -759,7 +799,11 @@ def flash_forward(query: Any, key: Any, value: Any, tiles: Tiles) -> tuple[Any, 
     for each ``(columns, mask)`` of ``tiles.key_blocks(rows)``: the tile's scores
     ``q @ k^T`` (masked ones -inf where ``mask`` is not None) go through
     :func:`online_softmax_update`; then the block's ``out = acc / total`` and ``lse``. The
-    arrays are new ones of the inputs' dtype; no (L, S) array is ever made.
+    arrays are new ones of the inputs' dtype (allocate each with ``dtype=query.dtype``:
+    ``xp.zeros`` and ``xp.full`` default to float64); no (L, S) array is ever made. A row
+    with nothing allowed has ``total == 0``: divide by and take the log of 1 in its place
+    (``xp.where(total == 0, 1, total)``), so no divide-by-zero warning is raised, and set its
+    ``lse`` to ``+inf``.
     """
     ### BEGIN SOLUTION
     xp = tiles.xp
@@ -804,7 +848,8 @@ for _allowed, _is_causal in ((None, True), (_rng.random((2, 7, 10)) < 0.5, False
     assert np.allclose(_out, _expected), "flash_forward must equal plain attention, tile size 3"
     _scores = np.where(_mask, _q @ np.swapaxes(_k, -1, -2), -np.inf)
     with np.errstate(divide="ignore"):
-        assert np.allclose(_lse, np.where(_total == 0, np.inf, np.log(np.exp(_scores).sum(axis=-1)))), "lse"
+        assert np.allclose(_lse, np.where(_total == 0, np.inf, np.log(np.exp(_scores).sum(axis=-1)))), \
+            "lse: each row's log-sum-exp of its allowed scores, +inf for a row with nothing allowed"
 _out, _lse = flash_forward(_q[:, :3], _k[:, :2], _v[:, :2], Tiles(np, 3, 2, 2, None, True))  # L > S
 assert np.all(_out[:, 0] == 0) and np.all(_lse[:, 0] == np.inf), "a row with nothing allowed: output 0, lse +inf"
 
@@ -970,7 +1015,8 @@ for _options in ({"is_causal": True}, {"attn_mask": _rng.random((7, 10)) < 0.6},
     for _name, _plain, _flash in zip(("output", "d_query", "d_key", "d_value"), *_grads):
         assert np.allclose(_flash, _plain), f"{_name} of flash attention differs from the plain one ({_options})"
 _t = [tt.tensor(a, dtype="float64", requires_grad=True) for a in (_q, _k[:, :5], _v[:, :5])]
-assert tt.gradcheck(lambda q, k, v: flash_attention(q, k, v, is_causal=True, block_size=2), _t)
+assert tt.gradcheck(lambda q, k, v: flash_attention(q, k, v, is_causal=True, block_size=2), _t), \
+    "flash attention's gradients differ from the numerical ones (causal, L > S, tiles of 2)"
 _tiles = Tiles(np, 768, 768, 64, None, True)
 _out, _lse = flash_forward(_long, _long, _long, _tiles)
 tracemalloc.start()
@@ -1036,7 +1082,7 @@ for i, length in enumerate(lengths):
     print(f"{length:5d} {plain_peak / 2**20:10.2f} {flash_peak / 2**20:10.2f} {plain_s * 1e3:9.1f} {flash_s * 1e3:9.1f}")
 ratio = measured[True][2][0] / measured[False][2][0]
 print(f"at T = 1024 flash attention's peak is {ratio:.1%} of the plain one's")
-assert ratio <= 0.25
+assert ratio <= 0.25, f"at T = 1024 flash attention should peak at no more than 25% of the plain one, got {ratio:.1%}"
 
 # %%
 fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
@@ -1080,7 +1126,7 @@ def gpt_step(flash: bool) -> tuple[float, int]:
 (plain_loss, plain_peak), (flash_loss, flash_peak) = gpt_step(False), gpt_step(True)
 print(f"loss plain {plain_loss:.6f}, flash {flash_loss:.6f}; peak {plain_peak / 2**20:.1f} MiB -> "
       f"{flash_peak / 2**20:.1f} MiB")
-assert abs(plain_loss - flash_loss) < 1e-4
+assert abs(plain_loss - flash_loss) < 1e-4, f"the same loss with and without flash attention, got {plain_loss} and {flash_loss}"
 
 # %% [markdown]
 # ## How PyTorch does it

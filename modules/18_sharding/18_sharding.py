@@ -140,6 +140,9 @@ def zero_memory(num_parameters: int, world_size: int, stage: int, state_arrays: 
     uses the model holds none; the masters are the parameters). Padding to equal shards
     is left out. Returns floats under ``"parameters"``, ``"gradients"``,
     ``"optimizer_state"`` and their ``"total"``.
+
+    ``stage`` is 0, 1, 2 or 3 and ``world_size`` at least 1: a prediction for the stages
+    that exist (``ZeRO`` refuses any other stage); other values are not checked here.
     """
     ### BEGIN SOLUTION
     psi, shard = 4.0 * num_parameters, 4.0 * num_parameters / world_size
@@ -158,7 +161,8 @@ def zero_memory(num_parameters: int, world_size: int, stage: int, state_arrays: 
 _dp, _z3 = zero_memory(1000, 4, 0), zero_memory(1000, 4, 3)
 assert _dp == {"parameters": 4000.0, "gradients": 4000.0, "optimizer_state": 8000.0, "total": 16000.0}, _dp
 assert _z3 == {"parameters": 0.0, "gradients": 1000.0, "optimizer_state": 3000.0, "total": 4000.0}, _z3
-assert [zero_memory(1000, 4, s)["total"] for s in (1, 2)] == [12000.0, 8000.0]
+_totals = [zero_memory(1000, 4, s)["total"] for s in (1, 2)]
+assert _totals == [12000.0, 8000.0], f"stages 1 and 2 total 12000 and 8000 bytes, got {_totals}"
 assert zero_memory(1000, 4, 2, state_arrays=1)["optimizer_state"] == 2000.0, "SGD's momentum: k = 1"
 print("zero_memory OK")
 
@@ -266,7 +270,8 @@ assert _flat.tolist() == [0, 1, 2, 3, 4, 5, 0, 0, 0] and _flat.dtype == np.float
 _flat = _bucket.flatten([np.asfortranarray(np.arange(6.0).reshape(2, 3)), np.array([6.0, 7.0])])
 assert _flat.tolist() == [0, 1, 2, 3, 4, 5, 6, 7, 0], "C order, whatever the memory order"
 _parts = _bucket.unflatten(_flat)
-assert [p.shape for p in _parts] == [(2, 3), (2,)] and _parts[1].tolist() == [6.0, 7.0]
+assert [p.shape for p in _parts] == [(2, 3), (2,)] and _parts[1].tolist() == [6.0, 7.0], \
+    f"the parameters' shapes (2, 3) and (2,), the second [6, 7], got {[p.shape for p in _parts]}, {_parts[1]}"
 assert all(np.shares_memory(p, _flat) for p in _parts), "views, not copies"
 _whole = Bucket([tt.zeros(3, requires_grad=True, dtype="float64")], world_size=1, rank=0)
 _row = np.arange(3.0)
@@ -296,11 +301,16 @@ print("Bucket OK")
 # mpi4py's buffer methods take host arrays: `comm.Reduce_scatter_block(send, receive)`
 # (`send` holds $P$ blocks, `receive` one; their sum, block by block) and
 # `comm.Allgather(send, receive)` (`receive` holds every rank's `send`, in rank order).
-# A reduction adds numbers, in a type MPI knows: float16 gradients are reduced in the
-# bucket's float32. A gather only moves bytes: view the arrays as unsigned integers of
-# their size (`array.view("u2")` for float16) and any dtype travels — float16 and
-# bfloat16, which MPI has no type for, included. Under `16-mixed` the weights travel
-# in float16, half the bytes.
+# A reduction adds numbers, in a type MPI knows: reduce in the bucket's dtype,
+# `bucket.dtype`, the dtype its parameters had when ZeRO cut them — which
+# `bucket.flatten` gives. Under `32-true` and under mixed precision that is float32:
+# ZeRO cuts the buckets before the model gets its float16 working copies, so float16
+# gradients are widened to float32 by `flatten` and their sum cannot overflow. Do not
+# cast the buffer yourself. A gather only moves bytes: view the arrays as unsigned
+# integers of their size (`array.view("u2")` for float16) and any dtype travels —
+# float16 and bfloat16, which MPI has no type for, included. A view with another
+# itemsize needs a contiguous array: `np.ascontiguousarray(shard)` first. Under
+# `16-mixed` the weights travel in float16, half the bytes.
 
 # %% export="sharding"
 def reduce_scatter(bucket: Bucket, comm: Any) -> np.ndarray:
@@ -310,8 +320,11 @@ def reduce_scatter(bucket: Bucket, comm: Any) -> np.ndarray:
     is None counts as zeros; a gradient on a device comes to the host with its
     backend's ``to_host``) into one buffer; one ``comm.Reduce_scatter_block(send,
     receive)`` sums the buffers and hands each rank its block; divided by the number of
-    ranks that is the mean. Returns a new host array of ``shard_size`` numbers in the
-    bucket's dtype (float32 for float16 gradients too: the sum must not overflow).
+    ranks that is the mean. Returns a new host array of ``shard_size`` numbers in
+    ``bucket.dtype``, the dtype of ``bucket.flatten``'s buffer, with no cast of its own.
+    Under mixed precision the buckets are float32 (cut from the float32 parameters before
+    the model got its float16 copies), so float16 gradients are summed in float32 and the
+    sum does not overflow.
     """
     ### BEGIN SOLUTION
     grads = [None if p.grad is None else p.grad._backend.to_host(p.grad.data) for p in bucket.params]
@@ -329,7 +342,8 @@ def all_gather(bucket: Bucket, shard: np.ndarray, comm: Any) -> np.ndarray:
 
     A gather adds nothing, it only moves bytes: send and receive the arrays viewed as
     unsigned integers of the same size (``array.view(f"u{array.itemsize}")``), so that
-    dtypes MPI has no type for (float16, bfloat16) travel too.
+    dtypes MPI has no type for (float16, bfloat16) travel too. Such a view needs a
+    contiguous array: send ``np.ascontiguousarray(shard)``.
     """
     ### BEGIN SOLUTION
     full = np.empty(bucket.padded, dtype=shard.dtype)
@@ -400,8 +414,11 @@ def global_norm_and_flags(gradients: list[Tensor], flags: list[float], comm: Any
     the rest) make on all ranks together, and ``flags`` summed over the ranks, from ONE
     ``comm.Allreduce`` of a float64 buffer: this rank's sum of squares, then its flags.
 
-    Add the squares up on each gradient's device and read the sum to the host once per
-    gradient; in float64, or in the gradients' dtype and again in float64 when that sum
+    ``gradients`` are Tensors, none of them None (ZeRO passes its masters' gradients,
+    which every step's reduction sets). Add the squares up on each gradient's device and
+    read the sum to the host once per gradient: these are one per bucket, a handful, not
+    one per parameter as in Module 09, where the sums stay on the device until one read per
+    device. Sum in float64, or in the gradients' dtype and again in float64 when that sum
     is ``inf`` (float32 squares overflow above about 1.8e19). Returns ``(norm, summed
     flags)``: a Python float and a list of Python floats.
     """
@@ -439,7 +456,8 @@ class _Doubled(SingleProcess):
 _comm = _Doubled()
 _norm, _flags = global_norm_and_flags([tt.tensor([3.0, 0.0]), tt.tensor([4.0], device="strict")], [1.0, 0.0], _comm)
 assert (round(_norm, 6), _flags) == (round(math.sqrt(50.0), 6), [2.0, 0.0]), (_norm, _flags)
-assert len(_comm.sent) == 1 and _comm.sent[0].dtype == np.float64 and _comm.sent[0].tolist() == [25.0, 1.0, 0.0]
+assert len(_comm.sent) == 1 and _comm.sent[0].dtype == np.float64 and _comm.sent[0].tolist() == [25.0, 1.0, 0.0], \
+    f"one Allreduce of the float64 buffer [sum of squares, flags...] = [25, 1, 0], got {_comm.sent}"
 _norm, _ = global_norm_and_flags([tt.tensor([3e19, 4e19])], [], SingleProcess())
 assert math.isclose(_norm, 5e19, rel_tol=1e-6), f"no overflow for finite gradients: {_norm}"
 print("global_norm_and_flags OK")
@@ -500,6 +518,11 @@ print("global_norm_and_flags OK")
 #
 # You write the three methods at the heart of it: `gather_parameters`,
 # `reduce_gradients` and `take_step` (its docstring lists the rules, in order).
+# Two things to know about gradients as tensors: a master's gradient is a tensor made
+# with `Tensor._make(array, backend)`, as Module 13's `unscale_` makes one; and
+# `unscale_` *replaces* every `master.grad` by a new tensor, so take the list of the
+# masters' gradients after it — clipping a list taken before would scale arrays the
+# optimizer never sees.
 
 # %% export="sharding"
 def sharded_layers(model: Module) -> list[Module]:
@@ -701,7 +724,10 @@ class ZeRO:
         of the masters, cast to the compute dtype first when there is one (under 16-mixed half the
         bytes travel); each parameter's ``data`` becomes its part of the gathered vector
         (``bucket.unflatten``), on the model's device (``self.backend.from_host``) and in its
-        memory order (``self.orders[id(param)]``: ``"F"`` takes ``np.asfortranarray``)."""
+        memory order (``self.orders[id(param)]``: ``"F"`` takes ``np.asfortranarray``; ``"C"``
+        keeps the slice as it is, already C order). On the CPU the parameters' arrays are then
+        views into the gathered vector, with no copy: that is intended, since nothing else holds
+        the vector and every gather makes a new one; the masters stay apart."""
         ### BEGIN SOLUTION
         for bucket in buckets:
             shard = self.state_backend.to_host(bucket.master.data)
@@ -735,9 +761,13 @@ class ZeRO:
     def reduce_gradients(self, buckets: list[Bucket]) -> None:
         """Reduce-scatter ``buckets``' gradients (:func:`reduce_scatter`): this rank's shard of the mean
         goes to its master's ``.grad`` on the masters' device (``self.state_backend.from_host``).
-        The step's first reduction of a bucket replaces what ``master.grad`` held; a later one
-        (stage 3 reduces each layer once per micro-batch) adds to it. Mark the bucket
-        ``accumulating``. From stage 2 on, free the full gradients (``.grad = None``)."""
+        The step's first reduction of a bucket (not ``accumulating``) sets ``master.grad`` to a new
+        tensor, ``Tensor._make(shard, self.state_backend)`` as Module 13's ``unscale_`` makes one,
+        whatever ``master.grad`` held (None included); a later one (stage 3 reduces each layer
+        once per micro-batch) adds the shard in place, ``master.grad.data += shard``. Mark the
+        bucket ``accumulating``: it is True only after this step's first reduction has set
+        ``master.grad``, so an accumulating master always has one. From stage 2 on, free the
+        full gradients (``.grad = None``)."""
         ### BEGIN SOLUTION
         for bucket in buckets:
             shard = self.state_backend.from_host(reduce_scatter(bucket, self.comm))
@@ -758,21 +788,26 @@ class ZeRO:
 
         1. ``self.check_model(parameters)``; reduce the gradients of every bucket that no
            backward has reduced in this step (not ``accumulating``).
-        2. Mixed precision (``self.precision`` is not None): ``restore_masters()``; when it has
-           a ``scaler``, ``overflow = scaler.unscale_(masters)`` (this rank's shards);
-           otherwise there is no overflow.
+        2. Mixed precision (``self.precision`` is not None): ``restore_masters()``; when its
+           ``scaler`` is not None, ``overflow = scaler.unscale_(masters)`` (this rank's shards);
+           otherwise (a ``bf16-mixed`` plugin has ``scaler = None``; read it with
+           ``getattr(self.precision, "scaler", None)``) there is no overflow. ``unscale_``
+           *replaces* each ``master.grad`` by a new tensor: read the masters' gradients after
+           it, since a list taken before holds arrays the optimizer never sees.
         3. :func:`global_norm_and_flags` of the masters' gradients with the flags ``[loss not
            finite, overflow]`` (1.0 or 0.0): the norm and how many ranks had each.
         4. With a scaler, ``self.precision.update_scale(ranks that overflowed > 0)``; then
-           ``self.nonfinite_ranks`` = the ranks whose loss was not finite, and skip unless
+           ``self.nonfinite_ranks`` = the ranks whose loss was not finite, as an int
+           (``round`` the summed flag), and skip unless
            ``trainer._plugins_allow(loss, self.nonfinite_ranks, no rank overflowed)``.
         5. Clipping (``trainer.grad_clip_norm`` not None), as ``_clip_and_step`` does with the
            global norm: a non-finite norm is ``trainer._skip(f"the gradient norm is {norm}")``;
            otherwise append it to ``norms`` and, above the maximum, scale the masters'
            gradients by ``max_norm / (norm + 1e-6)``.
         6. ``self.optimizer.step()``, count it in ``trainer.step``, return True.
-        Whatever happens, end the step: every bucket stops ``accumulating``, and at stage 3
-        the model's own parameters are released (``release_model_parameters``).
+        Whatever happens from step 1 on (``check_model`` raising included: put all of it in
+        ``try``, the ending in ``finally``), end the step: every bucket stops ``accumulating``,
+        and at stage 3 the model's own parameters are released (``release_model_parameters``).
         """
         ### BEGIN SOLUTION
         try:
@@ -946,7 +981,8 @@ for _stage in STAGES:
     _full = [_p.grad is not None for _p in _zero.model.parameters()]
     assert all(_full) if _stage == 1 else not any(_full), f"stage {_stage} keeps full gradients: {_full}"
     if _stage == 3:  # between steps the model holds no weights: gather them to compare
-        assert all(_p.data.size == 0 for _p in _zero.model.parameters())
+        assert all(_p.data.size == 0 for _p in _zero.model.parameters()), \
+            f"stage 3 holds no weights between steps, got sizes {[_p.data.size for _p in _zero.model.parameters()]}"
         _zero.strategy.gather_parameters(_zero.strategy.buckets)
     for _a, _b in zip(_reference.model.parameters(), _zero.model.parameters()):
         assert np.allclose(_a.numpy(), _b.numpy(), rtol=1e-5, atol=1e-6), f"stage {_stage}: {_a.numpy()} {_b.numpy()}"
@@ -1006,7 +1042,8 @@ _runs = [_tiny_run(strategy) for strategy in (DataParallel(_OnceFlagged(-1)), Ze
 assert [_run.skipped_steps for _run in _runs] == [1, 1], [_run.skipped_steps for _run in _runs]
 _runs[1].strategy.gather_parameters(_runs[1].strategy.buckets)
 assert all(np.allclose(_a.numpy(), _b.numpy(), rtol=1e-5, atol=1e-6)
-           for _a, _b in zip(*[_run.model.parameters() for _run in _runs]))
+           for _a, _b in zip(*[_run.model.parameters() for _run in _runs])), \
+    "after a skipped step ZeRO's weights differ from DataParallel's: every rank must skip together"
 assert np.allclose(_runs[0].history["train_loss"], _runs[1].history["train_loss"], rtol=1e-5), \
     "a skipped step's loss is not counted (take_step returns False)"
 
@@ -1036,7 +1073,8 @@ assert _comm.flags == [0.0, 1.0], f"flags sent when the float16 gradients overfl
 assert len({(_run.skipped_steps, _run._amp.scaler.scale) for _run in _runs}) == 1, "skips and backs off as DataParallel"
 
 # a gradient norm that is not finite (here another rank's squares) skips the step
-assert _tiny_run(ZeRO(stage=2, comm=_FirstFlags(squares=math.inf)), epochs=1).skipped_steps == 1
+assert _tiny_run(ZeRO(stage=2, comm=_FirstFlags(squares=math.inf)), epochs=1).skipped_steps == 1, \
+    "a step whose global gradient norm is not finite is skipped"
 
 
 def _sgd_step(clip):
@@ -1061,10 +1099,13 @@ assert np.allclose(_sgd_step(_norm / 2)[1], _before - (_before - _free) * (_norm
 # 16-mixed: float16 working copies in the model, float32 masters; the steps and loss scale are DataParallel's
 _zero = _tiny_run(ZeRO(stage=1, comm=SingleProcess()), precision="16-mixed")
 _mixed = _tiny_run(DataParallel(SingleProcess()), precision="16-mixed")
-assert all(_p.dtype == np.float16 for _p in _zero.model.parameters())
-assert all(_b.master.dtype == np.float32 for _b in _zero.strategy.buckets)
+assert all(_p.dtype == np.float16 for _p in _zero.model.parameters()), \
+    f"16-mixed: float16 working copies, got {[_p.dtype for _p in _zero.model.parameters()]}"
+assert all(_b.master.dtype == np.float32 for _b in _zero.strategy.buckets), \
+    f"16-mixed: float32 masters, got {[_b.master.dtype for _b in _zero.strategy.buckets]}"
 assert np.allclose(_zero.history["train_loss"], _mixed.history["train_loss"], rtol=1e-2), _zero.history
-assert _zero._amp.scaler.state_dict() == _mixed._amp.scaler.state_dict()
+assert _zero._amp.scaler.state_dict() == _mixed._amp.scaler.state_dict(), \
+    f"the loss scale as DataParallel's: {_zero._amp.scaler.state_dict()} vs {_mixed._amp.scaler.state_dict()}"
 # a weight outside the optimizer gets its float32 value back before every step (restore_masters)
 tt.manual_seed(0)
 _model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 3))
@@ -1076,9 +1117,12 @@ assert _model[0].weight.dtype == np.float32 and np.array_equal(_model[0].weight.
 
 # offloading: the masters and their gradients in host memory, the model on its device (here the strict one)
 _zero = _tiny_run(ZeRO(stage=2, offload="cpu", comm=SingleProcess()), device="strict")
-assert {(_b.master.device, _b.master.grad.device) for _b in _zero.strategy.buckets} == {("cpu", "cpu")}
-assert {_p.device for _p in _zero.model.parameters()} == {"strict:0"}
-assert np.allclose(_zero.history["train_loss"], _reference.history["train_loss"], rtol=1e-5)
+_places = {(_b.master.device, _b.master.grad.device) for _b in _zero.strategy.buckets}
+assert _places == {("cpu", "cpu")}, f"offload='cpu': masters and their gradients on the host, got {_places}"
+assert {_p.device for _p in _zero.model.parameters()} == {"strict:0"}, \
+    f"offload='cpu': the model stays on its device, got {({_p.device for _p in _zero.model.parameters()})}"
+assert np.allclose(_zero.history["train_loss"], _reference.history["train_loss"], rtol=1e-5), \
+    f"offloading changes where, not what: losses {_zero.history['train_loss']} vs {_reference.history['train_loss']}"
 
 # a model that changed after the strategy attached is refused, naming what changed
 _zero = _tiny_run(ZeRO(stage=2, comm=SingleProcess()), epochs=0)
@@ -1274,7 +1318,8 @@ plain_model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 3))
 plain = tt.Trainer(plain_model, tt.optim.AdamW(plain_model.parameters(), lr=0.05), nn.CrossEntropyLoss())
 plain.load_checkpoint(folder / "zero3.ckpt")
 model_state, optimizer_state = sharded.strategy.gather_state()
-assert all(np.array_equal(model_state[name], p.numpy()) for name, p in plain_model.named_parameters())
+assert all(np.array_equal(model_state[name], p.numpy()) for name, p in plain_model.named_parameters()), \
+    "the plain model loaded from the ZeRO-3 checkpoint holds the gathered weights"
 print("weights:", {name: p.shape for name, p in plain_model.named_parameters()})
 print("optimizer state of parameter 0:", {key: getattr(value, "shape", value)
                                           for key, value in optimizer_state["state"][0].items()})
@@ -1287,7 +1332,10 @@ print("optimizer state of parameter 0:", {key: getattr(value, "shape", value)
 # every rank trains a small GPT for a few steps with each strategy, and rank 0
 # reports what it holds (`memory_per_rank`) and what it sent per step, counted by a
 # `CommCounter` around the communicator with the ring algorithms' bytes. The script
-# runs the *installed* package: after `tinytrain export 18` that is your code.
+# runs the *installed* package, not the functions defined in this notebook: until
+# you save the notebook and run `tinytrain export 18` in a terminal, it measures the
+# reference `tinytrain/sharding.py`, whatever you wrote above. Export first to
+# measure your own code (`tinytrain reset 18` puts the reference back).
 #
 # Without `mpi4py` and `mpirun` (`pip install mpi4py mpich`) the cell says so and the
 # rest of the section skips.

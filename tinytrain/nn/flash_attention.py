@@ -95,7 +95,11 @@ def flash_forward(query: Any, key: Any, value: Any, tiles: Tiles) -> tuple[Any, 
     for each ``(columns, mask)`` of ``tiles.key_blocks(rows)``: the tile's scores
     ``q @ k^T`` (masked ones -inf where ``mask`` is not None) go through
     :func:`online_softmax_update`; then the block's ``out = acc / total`` and ``lse``. The
-    arrays are new ones of the inputs' dtype; no (L, S) array is ever made.
+    arrays are new ones of the inputs' dtype (allocate each with ``dtype=query.dtype``:
+    ``xp.zeros`` and ``xp.full`` default to float64); no (L, S) array is ever made. A row
+    with nothing allowed has ``total == 0``: divide by and take the log of 1 in its place
+    (``xp.where(total == 0, 1, total)``), so no divide-by-zero warning is raised, and set its
+    ``lse`` to ``+inf``.
     """
     xp = tiles.xp
     out = xp.zeros((*query.shape[:-1], value.shape[-1]), dtype=query.dtype)
