@@ -221,6 +221,8 @@ class WorkerPool:
                         pass
             dead = [number for sentinel, number in sentinels.items() if sentinel in ready]
             if dead and not any(self._results[number].poll() for number in dead):
+                for number in dead:  # its sentinel fired: reap it, so that its exit code is known
+                    self._processes[number].join(timeout=5)
                 codes = [(number, self._processes[number].exitcode) for number in dead]
                 self.close()
                 raise RuntimeError("DataLoader worker(s) exited unexpectedly: "
