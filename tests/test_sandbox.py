@@ -218,7 +218,7 @@ def test_limits_must_be_positive() -> None:
 
 def test_clean_cuts_messages_and_drops_control_characters() -> None:
     assert sandbox.clean("a\x1b[31mb\tc\n") == "a[31mb\tc\n"
-    assert sandbox.clean("x" * 600) == "x" * 500 + "... (100 more characters)"
+    assert sandbox.clean("x" * 600) == "x" * 475 + "... (125 more characters)"  # 500 characters, the note included
     assert classroom._cell("=1+1") == "'=1+1" and classroom._cell("@SUM(A1)") == "'@SUM(A1)"
     assert classroom._cell("plain") == "plain" and classroom._cell(3) == 3
 

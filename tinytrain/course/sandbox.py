@@ -405,8 +405,9 @@ def _verdict(module: str, notebook: str, expected: dict[str, dict], run: _ChildR
     if problem is None:
         problem = _tampering(finished, canaries, canary)
     if problem is not None:
-        for check in report.checks:  # each check earns nothing; the reason is the report's error
-            check.outcome, check.message, check.cause, check.blocked_by = "unrun", "", None, []
+        problem = clean(problem)  # it may quote the student's output: cut as the checks' messages are
+        for check in report.checks:  # each check earns nothing, each row of the gradebook saying why
+            check.outcome, check.message, check.cause, check.blocked_by = "unrun", problem, None, []
         report.errors = [problem]
     else:
         report.errors = [clean(error) for error in finished.get("errors", []) if isinstance(error, str)]
@@ -462,11 +463,13 @@ _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
 
 
 def clean(text: Any, limit: int = MESSAGE_CHARACTERS) -> str:
-    """``text`` as a string without control characters (tabs and newlines kept), cut to ``limit``."""
+    """``text`` as a string without control characters (tabs and newlines kept), cut to ``limit``
+    characters, the note of how many were cut included."""
     text = _CONTROL.sub("", "" if text is None else str(text))
     if len(text) <= limit:
         return text
-    return text[:limit] + f"... ({len(text) - limit} more characters)"
+    kept = limit - len(f"... ({len(text)} more characters)")
+    return text[:kept] + f"... ({len(text) - kept} more characters)"
 
 
 # -- the child's side ----------------------------------------------------------------------------
