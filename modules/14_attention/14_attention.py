@@ -810,10 +810,15 @@ for d in (4, 64, 512):
 # 3. exponentiate, and divide by the row sums — where a sum is 0, divide by 1
 #    instead (the row stays all 0).
 #
-# Compute into new arrays: `scores` is the input's own array, which another
+# Never write into `scores`: it is the input's own array, which another
 # operation may have saved for its backward, so writing into it (`scores -= m`)
-# would corrupt that gradient. Keep the scores' dtype: `-xp.inf` is a Python
-# number, so `where` keeps float32, while an array of `-inf` would be float64.
+# would corrupt that gradient. Writing into an array you made is fine, and
+# faster: step 1's `where` (or `scores.copy()` without a mask) is new, so the
+# subtraction, `xp.exp(out, out=out)` and the division can all work in place on
+# it — one array of the scores' size instead of four, which matters since the
+# scores are the biggest arrays of a transformer. Keep the scores' dtype:
+# `-xp.inf` is a Python number, so `where` keeps float32, while an array of
+# `-inf` would be float64.
 #
 # Save the result as `self.out`: the backward pass (given) is the softmax's
 # from Module 02, $\bar s = w \odot (\bar w - \sum_j \bar w_j w_j)$, which is
@@ -859,19 +864,22 @@ class MaskedSoftmax(Function):
     def forward(self, scores: Any, *, allowed: Any) -> Any:
         ### BEGIN SOLUTION
         xp = self.xp
-        if allowed is not None:
-            scores = xp.where(allowed, scores, -xp.inf)
-        top = scores.max(axis=-1, keepdims=True)
-        top = xp.where(top == -xp.inf, 0, top)  # nothing allowed: exp(-inf - 0) = 0 everywhere
-        exps = xp.exp(scores - top)
-        total = exps.sum(axis=-1, keepdims=True)
-        self.out = exps / xp.where(total == 0, 1, total)
-        return self.out
+        # one new array, then every step in place on it: scores stays as it was
+        out = scores.copy() if allowed is None else xp.where(allowed, scores, -xp.inf)
+        top = out.max(axis=-1, keepdims=True)
+        out -= xp.where(top == -xp.inf, 0, top)  # nothing allowed: exp(-inf - 0) = 0 everywhere
+        xp.exp(out, out=out)
+        total = out.sum(axis=-1, keepdims=True)
+        out /= xp.where(total == 0, 1, total)
+        self.out = out
+        return out
         ### END SOLUTION
 
     def backward(self, grad: Any) -> tuple:
         out = self.out
-        return (out * (grad - (grad * out).sum(axis=-1, keepdims=True)),)
+        grad_scores = grad - (grad * out).sum(axis=-1, keepdims=True)
+        grad_scores *= out  # in place: one new array fewer
+        return (grad_scores,)
 
 
 # %% check=2

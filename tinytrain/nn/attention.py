@@ -39,18 +39,21 @@ class MaskedSoftmax(Function):
     # student: Module 14
     def forward(self, scores: Any, *, allowed: Any) -> Any:
         xp = self.xp
-        if allowed is not None:
-            scores = xp.where(allowed, scores, -xp.inf)
-        top = scores.max(axis=-1, keepdims=True)
-        top = xp.where(top == -xp.inf, 0, top)  # nothing allowed: exp(-inf - 0) = 0 everywhere
-        exps = xp.exp(scores - top)
-        total = exps.sum(axis=-1, keepdims=True)
-        self.out = exps / xp.where(total == 0, 1, total)
-        return self.out
+        # one new array, then every step in place on it: scores stays as it was
+        out = scores.copy() if allowed is None else xp.where(allowed, scores, -xp.inf)
+        top = out.max(axis=-1, keepdims=True)
+        out -= xp.where(top == -xp.inf, 0, top)  # nothing allowed: exp(-inf - 0) = 0 everywhere
+        xp.exp(out, out=out)
+        total = out.sum(axis=-1, keepdims=True)
+        out /= xp.where(total == 0, 1, total)
+        self.out = out
+        return out
 
     def backward(self, grad: Any) -> tuple:
         out = self.out
-        return (out * (grad - (grad * out).sum(axis=-1, keepdims=True)),)
+        grad_scores = grad - (grad * out).sum(axis=-1, keepdims=True)
+        grad_scores *= out  # in place: one new array fewer
+        return (grad_scores,)
 
 
 def _attention_mask(query: Tensor, key: Tensor, value: Tensor, attn_mask: Any, is_causal: bool) -> Any:
