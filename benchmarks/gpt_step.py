@@ -43,7 +43,7 @@ VOCAB, LAYERS, HEADS, EMBED = 65, 4, 4, 128
 BATCH, CONTEXT = 12, 64  # training
 GENERATION_CONTEXT = 256  # the generated token's context (and block_size)
 LR, BETAS, WEIGHT_DECAY, CLIP = 1e-3, (0.9, 0.99), 0.1, 1.0
-TARGETS = {"train_vs_torch": 1.25, "cache_speedup": 3.0}  # at most; at least
+TARGETS = {"train_vs_torch": 1.0, "cache_speedup": 3.0}  # at most; at least
 
 
 def initial_weights(block_size: int) -> dict[str, np.ndarray]:
