@@ -740,6 +740,28 @@ def test_scatter_add_equals_np_add_at_for_every_index(case):
     assert target.dtype == expected.dtype
 
 
+@pytest.mark.parametrize("rows", [[3, -1, 0, 3, 4, 3, -5], [2], [[4, 4], [4, -1]]])
+def test_scatter_add_of_whole_rows_is_np_add_at_bit_for_bit(rows):
+    """An embedding's backward (rows of an integer array, repeated and negative) goes to np.add.at on the flat
+    array, NumPy's fast loop: the same additions in the same order, so the same bits."""
+    rng = np.random.default_rng(0)
+    index = np.array(rows)
+    start = rng.standard_normal((5, 2, 3)).astype(np.float32)
+    for values in (rng.standard_normal(index.shape + (2, 3)).astype(np.float32),
+                   rng.standard_normal(index.shape + (2, 3))):  # float64 values cast as np.add.at casts them
+        expected, target = start.copy(), start.copy()
+        np.add.at(expected, index, values)
+        tt.get_backend("cpu").scatter_add(target, index, values)
+        np.testing.assert_array_equal(target, expected)
+
+
+def test_scatter_add_of_rows_out_of_range_raises_as_np_add_at_does():
+    for rows in ([0, 5], [-6, 1]):
+        target = np.zeros((5, 3), np.float32)
+        with pytest.raises(IndexError):
+            tt.get_backend("cpu").scatter_add(target, np.array(rows), np.ones((2, 3), np.float32))
+
+
 def test_scatter_add_takes_a_vectorised_add_for_an_index_that_cannot_repeat(monkeypatch):
     """np.add.at adds element by element: on the slices of a GPT's query/key/value split it makes the
     backward of a GetItem that always scatters (a correct student solution) 20-100x slower than `+=`."""
@@ -775,4 +797,5 @@ def test_scatter_add_takes_a_vectorised_add_for_an_index_that_cannot_repeat(monk
     scatter(np.array([0, 0]), np.ones((2, 3, 6), np.float32))
     scatter(np.array([True, False]), np.ones((1, 3, 6), np.float32))
     assert len(element_wise) == 2, "an integer array (which may repeat) or a mask goes to np.add.at"
+    assert element_wise[0].shape == (2 * 3 * 6,), "whole rows go to np.add.at's fast loop: one flat index an element"
     np.testing.assert_array_equal(target, expected)
