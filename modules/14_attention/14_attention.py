@@ -1293,8 +1293,10 @@ plt.show()
 # the $(T, T)$ arrays kept for backward by exactly 4×: with $B = 4$ sequences and $H = 4$ heads that is $16 T^2$ floats — the
 # weights saved by the softmax, which the product with $V$ keeps too (the same
 # array, counted once) — 64 MiB at $T = 1024$.
-# The peak is a few times larger, because the forward pass also makes
-# temporaries of that size (the scores, the masked scores, the exponentials).
+# The peak is larger, because the forward pass also makes the scores, an
+# array of that size, before the softmax turns its one copy of them into the
+# weights in place (with a new array at every step, as in a first version of
+# `MaskedSoftmax`, the peak would hold three or four of them).
 # At the short end the linear-in-$T$ projections and Python's fixed costs per
 # operation dominate, and the curve is flatter.
 #
