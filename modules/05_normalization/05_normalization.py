@@ -177,6 +177,7 @@ import numpy as np
 from tinytrain.arguments import check_int, check_number, check_type
 from tinytrain.autograd import Function
 from tinytrain.backend import sum_dtype
+from tinytrain.kernels.reductions import trailing_mean
 from tinytrain.nn.module import Module, Parameter
 from tinytrain.tensor import Tensor, ones, tensor, zeros
 
@@ -201,8 +202,9 @@ class Normalize(Function):
         """
         ### BEGIN SOLUTION
         x_hat, axes = self.x_hat, self.axes
-        projection = (grad * x_hat).mean(axis=axes, keepdims=True)
-        grad_x = grad - grad.mean(axis=axes, keepdims=True)  # a new array: the rest works in place on it
+        # trailing_mean(xp, a, axes) is a.mean(axis=axes, keepdims=True), faster over a LayerNorm's short rows
+        projection = trailing_mean(self.xp, grad * x_hat, axes)
+        grad_x = grad - trailing_mean(self.xp, grad, axes)  # a new array: the rest works in place on it
         grad_x -= x_hat * projection
         grad_x *= self.inv_std
         return (grad_x,)
@@ -214,10 +216,10 @@ def normalize(x: Tensor, axes: tuple[int, ...], eps: float = 1e-5) -> tuple[Tens
     variance over ``axes`` as arrays with kept dimensions (outside the graph); those of a
     bfloat16 ``x`` are float32 (``sum_dtype``: bfloat16 additions round at every step)."""
     added_in = sum_dtype(x.dtype)
-    mean = x.data.mean(axis=axes, keepdims=True, dtype=added_in)
+    mean = trailing_mean(x._backend.xp, x.data, axes, added_in)  # x.data.mean(axis=axes, keepdims=True, dtype=...)
     squares = x.data - mean
     squares *= squares  # squared in place: one temporary, not two
-    var = squares.mean(axis=axes, keepdims=True, dtype=added_in)
+    var = trailing_mean(x._backend.xp, squares, axes, added_in)
     return Normalize.apply(x, mean=mean, var=var, axes=axes, eps=eps), mean, var
 
 
@@ -503,6 +505,14 @@ np.testing.assert_allclose(composed(x).numpy(), fused(x).numpy(), atol=1e-5)
 # $\hat x$ and one number per row, and it runs seven forward and seven backward
 # steps where the fused one runs one of each. In a network, every normalisation
 # layer pays that, at every step.
+#
+# One more cost hides in the means. NumPy sums a short last axis one row at a time,
+# a call of its inner loop per row, and for a LayerNorm's 128 channels those calls
+# cost more than the additions. The library's `Normalize` therefore takes its means
+# with `trailing_mean(xp, a, axes)` (`tinytrain/kernels/reductions.py`): the same
+# `a.mean(axis=axes, keepdims=True)`, computed as a product with a vector of ones,
+# `rows @ ones / n`, which BLAS runs at memory speed (about 4x faster for
+# `(12, 64, 128)` float32, and a GPT step 1% faster). Your `.mean` is just as right.
 #
 # ## How PyTorch does it
 #

@@ -822,7 +822,10 @@ for d in (4, 64, 512):
 #
 # Save the result as `self.out`: the backward pass (given) is the softmax's
 # from Module 02, $\bar s = w \odot (\bar w - \sum_j \bar w_j w_j)$, which is
-# automatically 0 wherever $w$ is.
+# automatically 0 wherever $w$ is. It takes its row sums with
+# `trailing_sum(xp, a, (-1,))`, which is `a.sum(axis=-1, keepdims=True)` as a
+# product with a vector of ones (`tinytrain/kernels/reductions.py`; Module 05 says
+# why it is faster on short rows): use either in step 3.
 
 # %% export="nn/attention"
 """Attention: ``MaskedSoftmax``, ``scaled_dot_product_attention`` and ``CausalSelfAttention``.
@@ -844,6 +847,7 @@ import numpy as np
 
 from tinytrain.arguments import check_int, check_number
 from tinytrain.autograd import Function
+from tinytrain.kernels.reductions import trailing_sum
 from tinytrain.nn.dropout import Dropout, dropout
 from tinytrain.nn.layers import Linear
 from tinytrain.nn.module import Module
@@ -869,7 +873,7 @@ class MaskedSoftmax(Function):
         top = out.max(axis=-1, keepdims=True)
         out -= xp.where(top == -xp.inf, 0, top)  # nothing allowed: exp(-inf - 0) = 0 everywhere
         xp.exp(out, out=out)
-        total = out.sum(axis=-1, keepdims=True)
+        total = trailing_sum(xp, out, (-1,))  # out.sum(axis=-1, keepdims=True), faster on short rows
         out /= xp.where(total == 0, 1, total)
         self.out = out
         return out
@@ -877,7 +881,7 @@ class MaskedSoftmax(Function):
 
     def backward(self, grad: Any) -> tuple:
         out = self.out
-        grad_scores = grad - (grad * out).sum(axis=-1, keepdims=True)
+        grad_scores = grad - trailing_sum(self.xp, grad * out, (-1,))
         grad_scores *= out  # in place: one new array fewer
         return (grad_scores,)
 

@@ -6,7 +6,9 @@
 * ``winograd``: Winograd's F(2x2, 3x3) for 3x3 convolutions with many channels, on
   the CPU (one of ``convolution``'s kernels);
 * ``parts``: a batch cut into parts that fit the processor's caches (the
-  convolution's and Module 11's max pooling's).
+  convolution's and Module 11's max pooling's);
+* ``reductions``: sums and means over an array's last axes as matrix-vector
+  products (Module 05's ``Normalize``, Module 14's ``MaskedSoftmax``).
 
-Module 11, section 8, explains and measures each of them.
+Module 11, section 8, explains and measures the first three; Modules 05 and 14 the last.
 """
