@@ -157,15 +157,27 @@ def test_gelu_gradient_formula(device):
     np.testing.assert_allclose(x.grad.numpy(), expected, rtol=1e-12, atol=1e-15)
 
 
-def test_gelu_keeps_dtype_and_saves_only_its_input(device):
+def test_gelu_keeps_dtype_and_saves_its_input_and_tanh(device):
     for dtype in (tt.float16, tt.float32, tt.float64):
         x = tt.tensor([-1.0, 2.0], dtype=dtype, device=device, requires_grad=True)
         out = F.gelu(x)
         assert out.dtype == dtype and out.device == x.device
-        saved = [name for name, value in vars(out._ctx).items() if hasattr(value, "nbytes")]
-        assert saved == ["x"], saved  # recomputes tanh in backward instead of saving it
+        saved = {name: value for name, value in vars(out._ctx).items() if hasattr(value, "nbytes")}
+        assert list(saved) == ["x", "t"], list(saved)  # t saved: NumPy would take nine passes to recompute it
+        assert saved["x"] is x.data and saved["t"].dtype == dtype
         out.sum().backward()
         assert x.grad.dtype == dtype
+
+
+def test_gelu_backward_twice_with_retain_graph_gives_the_same_gradient(device):
+    """Backward never writes into the t it saved."""
+    x = tt.tensor([-3.0, -0.5, 0.0, 0.7, 4.0], dtype=tt.float64, device=device, requires_grad=True)
+    out = F.gelu(x)
+    out.backward(tt.ones(5, dtype=tt.float64, device=device), retain_graph=True)
+    first = x.grad.numpy().copy()
+    x.grad = None
+    out.backward(tt.ones(5, dtype=tt.float64, device=device))
+    np.testing.assert_array_equal(x.grad.numpy(), first)
 
 
 def test_gelu_rejects_the_exact_form():

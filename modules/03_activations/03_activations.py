@@ -274,16 +274,19 @@ print(f"max |exact - tanh approximation| = {abs(exact - approx)[worst]:.2e} at x
 # Two implementation choices:
 #
 # * **What to save for backward.** The rule needs $x$ and $t$. Saving $t$ costs
-#   one more array the size of the input; recomputing it from $x$ costs one
-#   more `tanh` in backward. Like PyTorch we keep only $x$ and recompute — memory,
-#   not arithmetic, limits how big a model fits.
+#   one more array the size of the input; recomputing it from $x$ costs the
+#   clip, the cubic and the tanh again. PyTorch recomputes: its fused kernel does
+#   that in registers, nearly for free. In NumPy it is nine passes over memory, a
+#   third of GELU's time forward and backward, so keep $t$ next to $x$
+#   (`self.t = t`) and pay 4 bytes per element.
 # * **Overflow.** $x^3$ overflows float32 once $|x| > 7 \cdot 10^{12}$: NumPy
 #   warns, and backward's $(1 - t^2)\,u'$ becomes $0 \cdot \infty =$ `nan`.
 #   But $\tanh u$ is already exactly $\pm 1$ in float32 and float64 once
 #   $|x| > 10$ ($u > 43$), so clipping $x$ to $[-10, 10]$ *inside the cubic*
 #   changes no result and removes the overflow. Backward clips too: the $x^2$ in
-#   $u'$ overflows the same way, so use the clipped $x$ there (the given
-#   `_tanh_and_clipped` returns it next to $t$; it computes $t$ as
+#   $u'$ overflows the same way, so use $x$ clipped the same way there,
+#   `self.xp.clip(x, -GELU_CLIP, GELU_CLIP)` (the given `_tanh_and_clipped`
+#   returns that next to $t$ in forward; it computes $t$ as
 #   $1 - 2/(e^{2u} + 1)$, the same value, because NumPy's vectorised `exp` is
 #   about twice as fast as its `tanh` on many CPUs).
 #   Beyond the clip, GELU is exactly $x$ (right) or $0$ (left) with slope 1 or 0.
@@ -334,9 +337,10 @@ class GELUTanh(Function):
 
     Backward: ``grad`` times ``0.5 * (1 + t) + 0.5 * x * (1 - t^2) * sqrt(2/pi) * (1 + 3 * 0.044715 x^2)``
     with ``t`` the tanh above, in ``grad``'s dtype (the constants are Python floats: a
-    NumPy float64 scalar would make a float32 gradient float64). Saves only the input
-    array itself (``self.x = x``, no copy: the graph holds it anyway) and recomputes
-    ``t`` in backward. ``x`` is clipped to [-10, 10] inside the cubic, where tanh is
+    NumPy float64 scalar would make a float32 gradient float64). Saves the input
+    array itself (``self.x = x``, no copy: the graph holds it anyway) and ``t``
+    (``self.t``): recomputing it would cost backward nine more passes over memory.
+    ``x`` is clipped to [-10, 10] inside the cubic, where tanh is
     already exactly +-1, so huge inputs neither overflow (no NumPy warning) nor
     change the result.
     """
@@ -349,17 +353,17 @@ class GELUTanh(Function):
     def forward(self, x: Any) -> Any:
         ### BEGIN SOLUTION
         self.x = x
-        t, _ = self._tanh_and_clipped(x)
-        t += 1  # t is a new array: updated in place, it becomes the output
-        t *= 0.5  # before x: 2 * x would overflow for x near float32's largest
-        t *= x
-        return t
+        self.t, _ = self._tanh_and_clipped(x)  # kept for backward: never written into
+        out = self.t + 1  # a new array, then updated in place
+        out *= 0.5  # before x: 2 * x would overflow for x near float32's largest
+        out *= x
+        return out
         ### END SOLUTION
 
     def backward(self, grad: Any) -> tuple:
         ### BEGIN SOLUTION
-        x = self.x
-        t, clipped = self._tanh_and_clipped(x)
+        x, t = self.x, self.t
+        clipped = self.xp.clip(x, -GELU_CLIP, GELU_CLIP)
         du = clipped * clipped  # u' = sqrt(2/pi) (1 + 3 * 0.044715 c^2), in place on a new array
         du *= 3 * GELU_CUBIC * SQRT_2_OVER_PI
         du += SQRT_2_OVER_PI
@@ -367,10 +371,10 @@ class GELUTanh(Function):
         curve -= 1
         curve *= du
         curve *= x  # -x (1 - t^2) u'
-        t += 1
-        t -= curve
-        t *= 0.5  # the slope: 0.5 (1 + t) + 0.5 x (1 - t^2) u'
-        return (grad * t,)
+        slope = t + 1  # a new array: self.t stays as it was, for a second backward (retain_graph)
+        slope -= curve
+        slope *= 0.5  # 0.5 (1 + t) + 0.5 x (1 - t^2) u'
+        return (grad * slope,)
         ### END SOLUTION
 
 
@@ -525,8 +529,7 @@ for temperature in (0.25, 1.0, 4.0):
 # What each one keeps, from its backward rule: ReLU needs only *where* $x > 0$,
 # which its output tells ($z > 0$ exactly there), so it keeps the output (4
 # bytes per element, where a boolean mask would take 1); sigmoid, tanh and
-# softmax reuse their output too; our GELU keeps its input (4 bytes) and
-# recomputes $\tanh$.
+# softmax reuse their output too; our GELU keeps its input and $t$ (8 bytes).
 
 # %%
 def saved_bytes(out: Tensor) -> int:
@@ -563,15 +566,15 @@ for name, f in [("relu", relu), ("sigmoid", sigmoid), ("tanh", tanh), ("gelu", g
 # Sigmoid and GELU take several times longer (on the machine this was written on,
 # 2.5–5x the softmaxes and 10x or more relu's time) because each is many NumPy
 # steps, each a pass over memory: sigmoid's branch-free stable form (`abs`, `exp`, `where`,
-# divide), GELU's clip, cubic and tanh, twice (forward and recomputed in
-# backward). Writing a step's result into an array the function itself made
-# (`t += 1` where `0.5 * x * (1 + t)` makes three new arrays; never into `x` or
-# `grad`, which belong to the caller) saves allocating and filling a temporary:
-# the reference GELU does its steps that way, and so is about 1.2x faster than the same formula
-# written with new arrays, and the same numbers. All of them are still small next to the matrix products between
-# activations. Saving $t$ too would shorten GELU's backward and add 4 bytes per
-# element: recomputation *trades time for memory*, the idea behind gradient
-# checkpointing in Module 13.
+# divide), GELU's clip, cubic and tanh. Writing a step's result into an array the
+# function itself made (`out = t + 1; out *= 0.5; out *= x` where
+# `0.5 * x * (1 + t)` makes three new arrays; never into `x`, `grad` or a saved
+# `t`) saves allocating a temporary per step: the reference GELU does its steps
+# that way. Keeping $t$ for backward, rather than recomputing it there, made
+# GELU's forward and backward about 1.4x faster at a GPT's sizes, for 4 more
+# bytes per element: it *trades memory for time*, the reverse of gradient
+# checkpointing in Module 13. All of them are still small next to the matrix
+# products between activations.
 #
 # A subtlety in the memory column: the saved array of relu, sigmoid and tanh *is*
 # their output, and the next layer usually keeps that output alive anyway, so it
