@@ -68,7 +68,7 @@ def other_device(device) -> str:
     return "strict" if device == "cpu" else "cpu"
 
 
-# The suite's longest files, each minutes on its own: the two parts of the course test (about ten minutes each on
+# The suite's longest files, each minutes on its own: the two parts of the course test (9 and 11 minutes on
 # 2 cores). First in the queue, two workers start one each and the other files fill in around them; collected in
 # their usual place, a worker might reach them last or both in a row, and the suite would take their sum longer.
 LONGEST_FIRST = ("test_course_second_part.py", "test_course.py")

@@ -1,7 +1,7 @@
 """The course test's machinery: a scratch copy of the project where a student works through the modules.
 
-The course test comes in two files that two pytest workers run side by side (each
-half about ten minutes on 2 cores, where the whole was twenty):
+The course test comes in two files that two pytest workers run side by side (9 and
+11 minutes on 2 cores, where the whole took 22 in one file):
 
 * ``tests/test_course.py``: the stages of the modules before ``SECOND_PART``;
 * ``tests/test_course_second_part.py``: the students' solutions of those modules
