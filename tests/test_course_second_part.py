@@ -16,7 +16,6 @@ model. A stage runs only when the ones before it passed.
 from __future__ import annotations
 
 import csv
-import importlib.util
 import shutil
 import sys
 from pathlib import Path
@@ -116,12 +115,9 @@ def test_accumulation_equals_a_four_times_larger_batch_on_the_all_student_librar
 
 def test_distributed_milestone_on_the_all_student_library(course: Course) -> None:
     require(course, SOLVED)
-    if importlib.util.find_spec("mpi4py") is None:
-        pytest.skip("mpi4py is not installed (pip install mpi4py mpich)")
-    beside_python = Path(sys.executable).parent / "mpirun"  # pip's mpich wheel puts it there
-    mpirun = shutil.which("mpirun") or shutil.which("mpiexec") or (str(beside_python) if beside_python.exists() else None)
+    mpirun = find_mpirun()
     if mpirun is None:
-        pytest.skip("no mpirun/mpiexec on PATH (pip install mpich)")
+        pytest.skip("needs mpi4py and mpirun (pip install mpi4py mpich)")
     result = course.run(mpirun, "-n", "2", sys.executable, "milestones/mlp.py", "--distributed", "--out", "runs/mpi")
     assert result.returncode == 0 and "PASS" in result.stdout, result.stdout[-2000:] + result.stderr[-2000:]
 

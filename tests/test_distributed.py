@@ -6,9 +6,7 @@ communicators. The real thing runs under ``mpirun -n 2``: the test
 skip in a normal run) and is skipped, with the reason, when mpi4py or mpirun is
 missing (``pip install mpi4py mpich``).
 """
-import importlib.util
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -23,6 +21,7 @@ from tinytrain import nn
 from tinytrain.data import DataLoader, TensorDataset, TokenWindows
 from tinytrain.distributed import (DataParallel, DistributedDataLoader, SingleProcess, average_gradients,
                                    shard_indices)
+from tinytrain.testing.ranks import find_mpirun
 
 ROOT = Path(__file__).resolve().parents[1]
 UNDER_MPI = os.environ.get("TINYTRAIN_TEST_UNDER_MPI") == "1"
@@ -198,12 +197,9 @@ def test_one_rank_data_parallel_equals_plain_training():
 # -- under mpirun -n 2 ---------------------------------------------------------------------
 def test_under_mpirun():
     """Runs the mpi_* tests below in two MPI ranks."""
-    if importlib.util.find_spec("mpi4py") is None:
-        pytest.skip("mpi4py is not installed (pip install mpi4py mpich)")
-    beside_python = Path(sys.executable).parent / "mpirun"  # pip's mpich wheel puts it there
-    mpirun = shutil.which("mpirun") or shutil.which("mpiexec") or (str(beside_python) if beside_python.exists() else None)
+    mpirun = find_mpirun()
     if mpirun is None:
-        pytest.skip("no mpirun/mpiexec on PATH (pip install mpich)")
+        pytest.skip("needs mpi4py and mpirun (pip install mpi4py mpich)")
     env = {**os.environ, "TINYTRAIN_TEST_UNDER_MPI": "1"}
     command = [mpirun, "-n", "2", sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-x", "-o", "addopts=",
                str(Path(__file__)), "-k", "mpi_"]
