@@ -278,14 +278,16 @@ print(f"max |exact - tanh approximation| = {abs(exact - approx)[worst]:.2e} at x
 #   clip, the cubic and the tanh again. PyTorch recomputes: its fused kernel does
 #   that in registers, nearly for free. In NumPy it is nine passes over memory, a
 #   third of GELU's time forward and backward, so keep $t$ next to $x$
-#   (`self.t = t`) and pay 4 bytes per element.
+#   (`self.t = t`) and pay 4 bytes per element. (Recomputing is as right: the
+#   checks grade that you keep the input array itself, never a copy or the
+#   clipped $x$, and at most $t$ besides.)
 # * **Overflow.** $x^3$ overflows float32 once $|x| > 7 \cdot 10^{12}$: NumPy
 #   warns, and backward's $(1 - t^2)\,u'$ becomes $0 \cdot \infty =$ `nan`.
 #   But $\tanh u$ is already exactly $\pm 1$ in float32 and float64 once
 #   $|x| > 10$ ($u > 43$), so clipping $x$ to $[-10, 10]$ *inside the cubic*
 #   changes no result and removes the overflow. Backward clips too: the $x^2$ in
 #   $u'$ overflows the same way, so use $x$ clipped the same way there,
-#   `self.xp.clip(x, -GELU_CLIP, GELU_CLIP)` (the given `_tanh_and_clipped`
+#   `x.clip(-GELU_CLIP, GELU_CLIP)` (the given `_tanh_and_clipped`
 #   returns that next to $t$ in forward; it computes $t$ as
 #   $1 - 2/(e^{2u} + 1)$, the same value, because NumPy's vectorised `exp` is
 #   about twice as fast as its `tanh` on many CPUs).
@@ -363,7 +365,7 @@ class GELUTanh(Function):
     def backward(self, grad: Any) -> tuple:
         ### BEGIN SOLUTION
         x, t = self.x, self.t
-        clipped = self.xp.clip(x, -GELU_CLIP, GELU_CLIP)
+        clipped = x.clip(-GELU_CLIP, GELU_CLIP)
         du = clipped * clipped  # u' = sqrt(2/pi) (1 + 3 * 0.044715 c^2), in place on a new array
         du *= 3 * GELU_CUBIC * SQRT_2_OVER_PI
         du += SQRT_2_OVER_PI

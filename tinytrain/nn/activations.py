@@ -111,7 +111,7 @@ class GELUTanh(Function):
     # student: Module 03
     def backward(self, grad: Any) -> tuple:
         x, t = self.x, self.t
-        clipped = self.xp.clip(x, -GELU_CLIP, GELU_CLIP)
+        clipped = x.clip(-GELU_CLIP, GELU_CLIP)
         du = clipped * clipped  # u' = sqrt(2/pi) (1 + 3 * 0.044715 c^2), in place on a new array
         du *= 3 * GELU_CUBIC * SQRT_2_OVER_PI
         du += SQRT_2_OVER_PI
