@@ -58,3 +58,17 @@ def test_the_command_grades_the_mutants_of_a_function(tmp_path: Path, capsys) ->
     assert summary["module"] == "03_activations" and summary["mutants"] >= 1
     assert summary["killed"] == summary["mutants"] and status == 0, out
     assert "score 100.0%" in out
+
+
+def test_a_reference_that_loses_points_stops_the_command_before_any_mutant(monkeypatch, capsys) -> None:
+    """Else every mutant of a failing reference would count as killed: a 100% score that measures nothing."""
+    real = mutation.module_mutants
+
+    def broken_reference(source: Path, only: str | None = None):
+        bodies, found = real(source, only)
+        return {**bodies, "gelu": "raise NotImplementedError"}, found
+
+    monkeypatch.setattr(mutation, "module_mutants", broken_reference)
+    status = main(["mutants", "03", "--function", "gelu", "--jobs", "1", "--root", str(ROOT)])
+    err = capsys.readouterr().err
+    assert status == 2 and "reference does not earn full marks" in err and "gelu" in err, err

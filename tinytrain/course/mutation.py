@@ -198,18 +198,25 @@ def equivalent_mutants(source: Path) -> dict[str, str]:
     return {entry["mutant"]: entry["reason"] for entry in entries}
 
 
-def _grade_mutant(args: tuple[Path, str, Path, dict[str, str], Mutant]) -> Outcome:
-    """Worker: fill the student notebook with the mutant and grade it (stops at the first failing check)."""
-    root, module, notebook_path, bodies, mutant = args
+def _lost_points(root: Path, module: str, notebook_path: Path, bodies: dict[str, str]) -> list[str] | None:
+    """Fill the student notebook with ``bodies`` and grade it (stopping at the first failing check): the failed
+    checks (or the first error), an empty list when some points are lost otherwise, None at full marks."""
     from tinytrain.course import grading
 
-    notebook = fill(nbformat.read(notebook_path, as_version=4), {**bodies, mutant.function: mutant.body})
+    notebook = fill(nbformat.read(notebook_path, as_version=4), bodies)
     with tempfile.TemporaryDirectory(prefix="tinytrain-mutant-") as folder:
         path = Path(folder) / f"{module}.ipynb"
         nbformat.write(notebook, path)
         report = grading.grade(module, root, path, stop_at_first_failure=True)
     failed = [check.name for check in report.checks if check.outcome == "failed"] or report.errors[:1]
-    return Outcome(mutant, bool(failed) or report.earned < report.possible, failed)
+    return failed if failed or report.earned < report.possible else None
+
+
+def _grade_mutant(args: tuple[Path, str, Path, dict[str, str], Mutant]) -> Outcome:
+    """Worker: fill the student notebook with the mutant and grade it (stops at the first failing check)."""
+    root, module, notebook_path, bodies, mutant = args
+    failed = _lost_points(root, module, notebook_path, {**bodies, mutant.function: mutant.body})
+    return Outcome(mutant, failed is not None, failed or [])
 
 
 def run(root: Path, module: str, jobs: int = 2, only: str | None = None,
@@ -219,6 +226,12 @@ def run(root: Path, module: str, jobs: int = 2, only: str | None = None,
     bodies, found = module_mutants(source, only)
     notebook = root / "notebooks" / f"{module}.ipynb"
     os.environ.setdefault("TINYTRAIN_CHECK_TIMEOUT", "20")  # a mutant that loops forever fails its check
+    # The reference first: where it loses points itself, every mutant would count as killed.
+    failed = _lost_points(root, module, notebook, bodies)
+    if failed is not None:
+        lost = f"failed: {', '.join(failed)}" if failed else "no check failed, but points are missing"
+        raise ValueError(f"module {module}'s reference does not earn full marks ({lost}): its mutants cannot be "
+                         f"scored until it does (pytest tests/graded/test_{module}.py)")
     tasks = [(root, module, notebook, bodies, mutant) for mutant in found]
     outcomes = []
     # Fresh workers now and then: a mutant may leave a process's state changed.
