@@ -10,8 +10,8 @@ channels -- the calls cost more than the additions: the row sums of a
 ``(12, 4, 64, 64)`` float32 array take 104 us, the row means of ``(12, 64, 128)``
 52 us. The same sums as a product with a vector of ones, ``rows @ ones`` (BLAS's
 matrix-vector product), run at memory speed: 18 us and 13 us. The sums agree with
-NumPy's to rounding (a float32 ulp or two: BLAS adds in another order), and every
-device computes them the same way, so the devices agree with each other bit for bit.
+NumPy's to rounding (a float32 ulp or two: BLAS adds in another order); the strict
+test device computes them as the CPU does, bit for bit.
 
 Only float32 and float64 go through BLAS: float16 and bfloat16 (which NumPy sums
 in float32) and integers take ``sum``/``mean`` as before, and so do axes that are not
