@@ -44,24 +44,39 @@ def test_one_shift_for_every_row_gives_the_softmax_by_rows(dtype, rtol) -> None:
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_a_row_far_below_the_largest_score_sends_the_array_through_the_rows(dtype) -> None:
+def test_only_the_rows_far_below_the_largest_score_take_their_own_maximum(dtype) -> None:
     scores = np.random.default_rng(1).standard_normal((3, 4, 5)).astype(dtype)
     scores[0, 0] += 500  # every other row's exponentials would vanish under this row's shift
+    scores[2, 1, 3] = -np.inf
     owned = scores.copy()
     e, total = exp_shifted_by_row_max(np, owned)
-    assert e is owned, "the rows' pass works in place on its input"
-    assert (e.max(axis=-1) == 1).all(), "each row shifted by its own maximum"
+    assert e is not owned and np.array_equal(owned, scores), "the rows redone are copies"
+    assert (e.max(axis=-1) == 1).all(), "each row shifted by its own maximum: the largest is exp(0)"
     np.testing.assert_allclose(e / total, _softmax_by_rows(scores), rtol=1e-6)
+    scores[0, 0] -= 500
+    scores[1, 2] -= 500  # now one row far below: redone alone, the others keep the one shift
+    e, total = exp_shifted_by_row_max(np, scores.copy())
+    one_shift = np.exp(scores - scores.max())
+    others = np.ones((3, 4), bool)
+    others[1, 2] = False
+    assert e[1, 2].max() == 1, "the row far below: shifted by its own maximum"
+    np.testing.assert_allclose(e[others], one_shift[others], rtol=1e-6, err_msg="the others: by the array's")
+    np.testing.assert_allclose(e / total, _softmax_by_rows(scores), rtol=3e-6)
 
 
 def test_the_check_is_on_each_rows_sum_against_safe_row_sum() -> None:
-    """A row whose largest exponential sits just above the threshold keeps the one shift; just below, not."""
+    """A row whose largest exponential sits just above the threshold keeps the one shift; just below, its own."""
     for gap, one_shift in ((np.log(2.0) * 59, True), (np.log(2.0) * 61, False)):
         scores = np.array([[0.0, -1e9], [-gap, -1e9]], np.float64)  # row 1's sum is about 2**-59 or 2**-61
-        owned = scores.copy()
-        e, total = exp_shifted_by_row_max(np, owned)
-        assert (e is not owned) == one_shift, (gap, total.ravel(), SAFE_ROW_SUM)
+        e, total = exp_shifted_by_row_max(np, scores.copy())
+        assert (e[1, 0] != 1) == one_shift, (gap, total.ravel(), SAFE_ROW_SUM)
         np.testing.assert_allclose(e / total, [[1.0, 0.0], [1.0, 0.0]])
+
+
+def test_one_row_of_scores() -> None:
+    for scores in (np.array([3.0, 1.0, -np.inf]), np.array([-np.inf, -np.inf])):
+        weights, _, _ = _softmax(scores)
+        np.testing.assert_allclose(weights, _softmax_by_rows(scores))
 
 
 def test_rows_with_nothing_allowed_are_zero_without_warnings() -> None:
@@ -69,8 +84,8 @@ def test_rows_with_nothing_allowed_are_zero_without_warnings() -> None:
     scores[0, 0, 5] = -np.inf  # one row with nothing allowed
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no inf - inf, no 0 / 0
-        weights, e, total = _softmax(scores)
-        all_masked, e2, total2 = _softmax(np.full((2, 3), -np.inf, np.float32))
+        weights, _, total = _softmax(scores)
+        all_masked, _, total2 = _softmax(np.full((2, 3), -np.inf, np.float32))
     assert (weights[0, 0, 5] == 0).all() and total[0, 0, 5, 0] == 0
     np.testing.assert_allclose(weights, _softmax_by_rows(scores), rtol=3e-6, atol=1e-9)
     assert (all_masked == 0).all() and (total2 == 0).all()

@@ -15,9 +15,10 @@ row's largest exponential is at least ``SAFE_ROW_SUM / width``, a normal number 
 above float32's smallest (2**-126), so the row keeps full precision and dividing by
 the sum gives the same softmax as the row's own shift, to rounding (the subtraction
 rounds at the size of the gap, so a float32 weight may differ from the row-by-row one
-by up to about 2e-6 of itself). A row that falls
-further below the array's largest value (scores of very different sizes, or a row
-with nothing allowed) fails the check, and the array is done again row by row.
+by up to about 2e-6 of itself). A row that falls further below the array's largest
+value (or has nothing allowed) fails the check and is done again with its own
+maximum. In the GPT milestone's trained model the first layer's scores span about 47,
+and 0.2% of its rows (at most 0.7% of an array's) are redone.
 
 CuPy and the strict test device always take the row-by-row path: checking the sums
 would make a GPU stop and wait for the answer.
@@ -38,8 +39,8 @@ def exp_shifted_by_row_max(xp: Any, scores: Any) -> tuple[Any, Any]:
 
     ``scores`` must be an array the caller owns: ``e`` is either a new array (``scores`` unchanged) or
     ``scores`` itself, overwritten. On NumPy float32 and float64 arrays ``m`` may be one number for every
-    row (see the module's docstring): each row's exponentials then differ from the row-maximum ones by
-    one factor, which the softmax's division by the row sum cancels.
+    row that keeps a healthy sum (see the module's docstring): each row's exponentials then differ from the
+    row-maximum ones by one factor, which the softmax's division by the row sum cancels.
 
     >>> import numpy as np
     >>> e, total = exp_shifted_by_row_max(np, np.array([[0.0, np.log(3.0)], [-np.inf, -np.inf]]))
@@ -49,11 +50,18 @@ def exp_shifted_by_row_max(xp: Any, scores: Any) -> tuple[Any, Any]:
     if isinstance(scores, np.ndarray) and scores.dtype in _ONE_SHIFT_DTYPES and scores.size:
         shift = scores.max()
         if np.isfinite(shift):
-            e = scores - shift  # a new array: scores stays for the row-by-row pass, if one is needed
+            e = scores - shift  # a new array: scores stays for the rows that need their own maximum
             np.exp(e, out=e)
             total = trailing_sum(np, e, (-1,))
-            if (total >= SAFE_ROW_SUM).all():
-                return e, total
+            far_below = ~(total[..., 0] >= SAFE_ROW_SUM)  # also a row of nan, or with nothing allowed (sum 0)
+            if far_below.any():
+                e[far_below], total[far_below] = _by_rows(np, scores[far_below])
+            return e, total
+    return _by_rows(xp, scores)
+
+
+def _by_rows(xp: Any, scores: Any) -> tuple[Any, Any]:
+    """``exp_shifted_by_row_max`` with each row's own maximum, in place on ``scores``."""
     top = scores.max(axis=-1, keepdims=True)
     scores -= xp.where(top == -xp.inf, 0, top)
     xp.exp(scores, out=scores)
