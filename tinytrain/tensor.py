@@ -60,6 +60,8 @@ def _shape_arg(shape: tuple, name: str = "shape", minimum: int | None = 0) -> Sh
     (``int(2.5)`` would make a shape of 2.5 a shape of 2 without a word)."""
     if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
         shape = tuple(shape[0])
+    if all(type(n) is int for n in shape) and (minimum is None or min(shape, default=minimum) >= minimum):
+        return tuple(shape)  # plain ints, as almost every call passes: no per-entry check and message to build
     return tuple(check_int(f"{name}[{i}]", n, minimum) for i, n in enumerate(shape))
 
 

@@ -36,7 +36,10 @@ def _trailing_rows(array: Any, axes: tuple[int, ...]) -> tuple[int, ...] | None:
     count = len(axes)
     if array.dtype not in _BLAS_DTYPES or not 0 < count <= ndim:
         return None
-    if sorted(axis % ndim for axis in axes) != list(range(ndim - count, ndim)):
+    if count == 1:  # the common case, without sorting
+        if axes[0] % ndim != ndim - 1:
+            return None
+    elif sorted(axis % ndim for axis in axes) != list(range(ndim - count, ndim)):
         return None
     return (*array.shape[:ndim - count], *(1,) * count)
 
