@@ -565,7 +565,10 @@ print("to(device) OK")
 #
 # Check the shapes: $G$ is `(N, out)`, $W$ is `(out, in)`, $X$ is `(N, in)`. Inputs
 # with more leading axes, `(..., in)`, are flattened to rows for $\bar W$ and
-# $\bar b$.
+# $\bar b$. (`G @ W` on a stack `(..., out)` is right too, but NumPy multiplies a
+# stack by a matrix one slice at a time: the given forward, and the reference's
+# $\bar X$, multiply the rows as one `(N, in)` matrix and reshape back, up to
+# 1.4x faster for a GPT's `(B, T, C)` activations.)
 #
 # ### Initialisation: why $U(-1/\sqrt{n}, 1/\sqrt{n})$
 #
@@ -638,12 +641,14 @@ class LinearFunction(Function):
     def forward(self, x: Any, weight: Any, bias: Any = None) -> Any:
         x, weight, rounding = bfloat16_operands(x, weight)  # a bfloat16 operand: a bfloat16 product (Module 17)
         self.x, self.weight = x, weight
-        out = x @ weight.T  # BLAS reads the transposed view directly: no copy
+        # (..., in) as one (rows, in) matrix: NumPy multiplies a stack by a matrix one slice at a time, which
+        # makes a GPT's (B, T, C) products up to 1.4x slower. BLAS reads weight.T directly: no copy.
+        out = x.reshape(-1, x.shape[-1]) @ weight.T
         if rounding is not None:
             out = out.astype(rounding)
         if bias is not None:
             out += bias  # in place: `out` is a fresh array
-        return out
+        return out.reshape(*x.shape[:-1], weight.shape[0])
 
     def backward(self, grad: Any) -> tuple:
         """Gradients for ``x``, ``weight`` (and ``bias``): ``G W``, ``G^T X``, row sums of ``G``.
@@ -656,8 +661,10 @@ class LinearFunction(Function):
         """
         ### BEGIN SOLUTION
         x, weight, xp = self.x, self.weight, self.xp
-        grad_x = grad @ weight if self.inputs[0].requires_grad else None
-        rows = grad.reshape(-1, grad.shape[-1])  # (..., out) -> (N, out)
+        rows = grad.reshape(-1, grad.shape[-1])  # (..., out) -> (N, out): one product, as forward's
+        grad_x = None
+        if self.inputs[0].requires_grad:  # G W, as (N, in), back to x's shape
+            grad_x = (rows @ weight).reshape(*grad.shape[:-1], weight.shape[1])
         grad_weight = None
         if self.inputs[1].requires_grad:
             # G^T X written straight into an array of W's memory order, so the optimizer's updates stay fast
@@ -690,12 +697,7 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
         )
     check_floating_input("linear", x)
     operands = [x._operand(weight)] + ([] if bias is None else [x._operand(bias)])
-    if x.ndim <= 2:
-        return LinearFunction.apply(x, *operands)
-    # NumPy multiplies a stack (..., N, in) by a matrix one slice at a time; as one (rows, in) matrix
-    # the product and the input's gradient run up to 1.4x faster (a GPT's batch of sequences)
-    rows = LinearFunction.apply(x.reshape(-1, x.shape[-1]), *operands)
-    return rows.reshape(*x.shape[:-1], rows.shape[-1])
+    return LinearFunction.apply(x, *operands)
 
 
 def _uniform_parameter(shape: tuple[int, ...], bound: float) -> Parameter:
