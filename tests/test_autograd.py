@@ -488,6 +488,70 @@ def test_summed_gradient_is_owned(device):
     np.testing.assert_array_equal(grad, [5.0, 5.0])
 
 
+class Fresh(Function):
+    """``x * factor``; its backward returns a new array and records it."""
+
+    made: list = []
+
+    def forward(self, x, *, factor):
+        self.factor = factor
+        return x * factor
+
+    def backward(self, grad):
+        out = grad * self.factor
+        Fresh.made.append(out)
+        return (out,)
+
+
+class Receives(Function):
+    """The identity; records the gradient array its backward receives."""
+
+    received: list = []
+
+    def forward(self, x):
+        return x * 1
+
+    def backward(self, grad):
+        Receives.received.append(grad)
+        return (grad * 1,)
+
+
+def test_later_shares_are_added_in_place_into_an_owned_pending_gradient(device):
+    """y used three times: the first share (a new array) becomes y's pending gradient, and the engine adds the
+    other two into it instead of making a new array for each sum."""
+    Fresh.made.clear(), Receives.received.clear()
+    x = leaf([1.0, -2.0], device)
+    y = Receives.apply(x)
+    (Fresh.apply(y, factor=2.0) + Fresh.apply(y, factor=3.0) + Fresh.apply(y, factor=4.0)).sum().backward()
+    assert len(Fresh.made) == 3 and Receives.received[0] is Fresh.made[0], "added into the first share, in place"
+    assert_grad(x, [9.0, 9.0])
+
+
+def test_a_share_of_another_dtype_or_into_a_shared_pending_gradient_makes_a_new_sum(device):
+    Fresh.made.clear(), Receives.received.clear()
+    x = leaf([1.0, -2.0], device)
+    y = Receives.apply(x)
+    (y + Fresh.apply(y, factor=3.0)).sum().backward()  # the first share is Add's array, which the engine does not own
+    assert Receives.received[0] is not Fresh.made[0]
+    assert_grad(x, [4.0, 4.0])
+    Fresh.made.clear(), Receives.received.clear()
+    x32 = tt.tensor([1.0, 2.0], dtype=tt.float32, device=device, requires_grad=True)
+    y = Receives.apply(x32)
+    (Widens.apply(y) + Fresh.apply(y, factor=2.0)).sum().backward()  # Fresh first, then a float64 share: a new sum
+    assert Receives.received[0] is not Fresh.made[0] and Receives.received[0].dtype == np.float64
+    np.testing.assert_array_equal(x32.grad.numpy(), [3.0, 3.0])
+
+
+class Widens(Function):
+    """The identity; its backward returns a float64 gradient whatever the input's dtype."""
+
+    def forward(self, x):
+        return x * 1
+
+    def backward(self, grad):
+        return (grad.astype(np.float64),)
+
+
 def test_retained_graph_never_hands_out_owned_gradients(device):
     Probe.seen.clear()
     x = leaf([1.0, -2.0], device)

@@ -219,9 +219,10 @@ def backward(tensor: Any, grad: Any = None, retain_graph: bool = False) -> None:
     output's operation, ``owned`` (the engine made the seed); for any other,
     whether the gradient collected for it is the engine's alone -- the one
     gradient an operation handed it, when ``_unshared`` says so, or a sum of
-    several (always a new array: ``pending + share``, never ``pending += share``,
-    since the pending array may be shared -- an addition hands one array to both
-    of its inputs). A leaf gets its share through
+    several. A further share is added in place (``pending += share``) only into a
+    pending array the engine owns, of the share's dtype and shape; otherwise the sum
+    is a new array (``pending + share``): the pending array may be shared -- an
+    addition hands one array to both of its inputs. A leaf gets its share through
     ``_accumulate(leaf, share, unshared)``. With ``retain_graph=True`` nothing
     an operation returns counts as unshared: it keeps what it saved.
     """
@@ -267,8 +268,12 @@ def backward(tensor: Any, grad: Any = None, retain_graph: bool = False) -> None:
             if creator is None:  # a leaf
                 _accumulate(parent, parent_grad, unshared)
             elif creator in output_grads:
-                output_grads[creator] = output_grads[creator] + parent_grad
-                creator.owns_grad = True  # the sum is a new array
+                pending = output_grads[creator]
+                if creator.owns_grad and pending.dtype == parent_grad.dtype and pending.shape == parent_grad.shape:
+                    pending += parent_grad  # the engine's own array: add in place, no new array
+                else:
+                    output_grads[creator] = pending + parent_grad
+                    creator.owns_grad = True  # the sum is a new array
             else:
                 if not hasattr(creator, "inputs"):  # freed: y = x * 2; y.sum().backward(); (y * 3).sum().backward()
                     raise _freed_graph_error()
