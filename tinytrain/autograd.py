@@ -220,7 +220,7 @@ def backward(tensor: Any, grad: Any = None, retain_graph: bool = False) -> None:
     whether the gradient collected for it is the engine's alone -- the one
     gradient an operation handed it, when ``_unshared`` says so, or a sum of
     several. A further share is added in place (``pending += share``) only into a
-    pending array the engine owns, of the share's dtype and shape; otherwise the sum
+    pending array the engine owns, of the share's dtype; otherwise the sum
     is a new array (``pending + share``): the pending array may be shared -- an
     addition hands one array to both of its inputs. A leaf gets its share through
     ``_accumulate(leaf, share, unshared)``. With ``retain_graph=True`` nothing
@@ -269,7 +269,7 @@ def backward(tensor: Any, grad: Any = None, retain_graph: bool = False) -> None:
                 _accumulate(parent, parent_grad, unshared)
             elif creator in output_grads:
                 pending = output_grads[creator]
-                if creator.owns_grad and pending.dtype == parent_grad.dtype and pending.shape == parent_grad.shape:
+                if creator.owns_grad and pending.dtype == parent_grad.dtype:
                     pending += parent_grad  # the engine's own array: add in place, no new array
                 else:
                     output_grads[creator] = pending + parent_grad

@@ -516,7 +516,8 @@ def test_engine_frees_graph(student):
 
 @check(points=2, hint="backward sets fn.owns_grad before each fn.backward: `owned` for the output's operation, "
                       "_unshared(...) for the one gradient handed to an operation, True for a sum of several; a leaf "
-                      "gets _accumulate(leaf, grad, unshared); with retain_graph nothing is unshared",
+                      "gets _accumulate(leaf, grad, unshared); with retain_graph nothing is unshared; a sum of shares "
+                      "of two dtypes has NumPy's promoted dtype",
        after="test_engine")
 def test_engine_owns_and_adopts(student):
     seen = []
@@ -547,6 +548,31 @@ def test_engine_owns_and_adopts(student):
         seen.clear()
         student.backward(make_loss(tt.tensor([1.0, 2.0], requires_grad=True)), **keywords)
         assert seen == [owns], f"Probe's owns_grad when it gets {handed}: expected {[owns]}, got {seen}"
+
+    class Widens(InstalledFunction):
+        """The identity; its backward hands on a float64 gradient."""
+
+        def forward(self, a):
+            return a.copy()
+
+        def backward(self, grad):
+            return (grad.astype(np.float64),)
+
+    received = []
+
+    class Receives(InstalledFunction):
+        def forward(self, a):
+            return a.copy()
+
+        def backward(self, grad):
+            received.append(grad.dtype)
+            return (grad,)
+
+    r = Receives.apply(tt.tensor([1.0, 2.0], dtype="float32", requires_grad=True))
+    student.backward((Widens.apply(r) + r * 2.0).sum())  # r's shares: float32 from Mul, then float64 from Widens
+    assert received == [np.float64], ("the gradient summed from a float32 and a float64 share: expected float64 "
+                                      f"(pending + share, as NumPy promotes; never += into the float32 one), got "
+                                      f"{[str(d) for d in received]}")
 
     returned = []
 
