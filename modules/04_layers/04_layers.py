@@ -641,14 +641,18 @@ class LinearFunction(Function):
     def forward(self, x: Any, weight: Any, bias: Any = None) -> Any:
         x, weight, rounding = bfloat16_operands(x, weight)  # a bfloat16 operand: a bfloat16 product (Module 17)
         self.x, self.weight = x, weight
+        xp, shape = self.xp, (*x.shape[:-1], weight.shape[0])
         # (..., in) as one (rows, in) matrix: NumPy multiplies a stack by a matrix one slice at a time, which
         # makes a GPT's (B, T, C) products up to 1.4x slower. BLAS reads weight.T directly: no copy.
-        out = x.reshape(-1, x.shape[-1]) @ weight.T
-        if rounding is not None:
-            out = out.astype(rounding)
+        rows = x.reshape(-1, x.shape[-1])
+        if rounding is None:  # written straight into a new array of the result's shape (not a view of one)
+            out = xp.empty(shape, dtype=xp.result_type(x.dtype, weight.dtype))
+            xp.matmul(rows, weight.T, out=out.reshape(len(rows), weight.shape[0]))
+        else:
+            out = (rows @ weight.T).reshape(shape).astype(rounding)
         if bias is not None:
             out += bias  # in place: `out` is a fresh array
-        return out.reshape(*x.shape[:-1], weight.shape[0])
+        return out
 
     def backward(self, grad: Any) -> tuple:
         """Gradients for ``x``, ``weight`` (and ``bias``): ``G W``, ``G^T X``, row sums of ``G``.
