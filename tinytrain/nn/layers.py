@@ -53,7 +53,9 @@ class LinearFunction(Function):
         rows = grad.reshape(-1, grad.shape[-1])  # (..., out) -> (N, out): one product, as forward's
         grad_x = None
         if self.inputs[0].requires_grad:  # G W, as (N, in), back to x's shape
-            grad_x = (rows @ weight).reshape(*grad.shape[:-1], weight.shape[1])
+            grad_x = rows @ weight
+            if grad.ndim != 2:  # a reshape is a view, which the engine may not overwrite (a ReLU's backward would)
+                grad_x = grad_x.reshape(*grad.shape[:-1], weight.shape[1])
         grad_weight = None
         if self.inputs[1].requires_grad:
             # G^T X written straight into an array of W's memory order, so the optimizer's updates stay fast
