@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import tinytrain as tt
-from tinytrain.kernels.reductions import trailing_dot, trailing_mean, trailing_sum
+from tinytrain.kernels.reductions import column_sum, trailing_dot, trailing_mean, trailing_sum
 
 CASES = [  # shape, axes
     ((12, 4, 64, 64), (-1,)),  # attention's scores
@@ -95,3 +95,21 @@ def test_every_device_gets_the_dot_products(device) -> None:
     backend = tt.get_backend(device)
     ours = trailing_dot(backend.xp, tt.tensor(a, device=device).data, tt.tensor(b, device=device).data, (-1,))
     np.testing.assert_allclose(tt.Tensor._make(ours, backend).numpy(), trailing_dot(np, a, b, (-1,)), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype, rtol", [(np.float32, 1e-5), (np.float64, 1e-13)])
+@pytest.mark.parametrize("shape", [(768, 128), (1, 5), (0, 4)])
+def test_column_sum_is_numpys_sum_over_rows(shape, dtype, rtol) -> None:
+    rows = _array(shape, dtype)
+    ours, numpys = column_sum(np, rows), rows.sum(axis=0)
+    assert ours.shape == numpys.shape and ours.dtype == numpys.dtype
+    np.testing.assert_allclose(ours, numpys, rtol=rtol, atol=rtol * 10)
+    if rows.size:
+        assert np.array_equal(ours, np.ones(shape[0], dtype) @ rows)  # by BLAS's matrix-vector product
+
+
+@pytest.mark.parametrize("dtype", [np.float16, ml_dtypes.bfloat16, np.int64])
+def test_column_sum_of_other_dtypes_is_numpys_sum(dtype) -> None:
+    rows = (np.arange(24) % 7).reshape(6, 4).astype(dtype)
+    assert np.array_equal(column_sum(np, rows), rows.sum(axis=0))
+    assert column_sum(np, rows).dtype == rows.sum(axis=0).dtype

@@ -364,6 +364,62 @@ def test_layernorm_values_and_gradcheck(device) -> None:
     assert layer.buffers() == []
 
 
+@pytest.mark.parametrize("shape, axes, transposed", [((3, 4, 5), (2,), False), ((2, 3, 4), (1, 2), False),
+                                                    ((2, 3, 4), (-2, -1), False), ((6,), (0,), False),
+                                                    ((4, 5, 3), (2,), True)])
+def test_normalize_with_weight_and_bias_is_one_node_equal_to_the_affine_map(device, shape, axes, transposed) -> None:
+    """normalize(x, axes, eps, weight, bias): x_hat * weight + bias as one AffineNormalize node, same values and
+    gradients as the three nodes; a transposed (not contiguous) input is read as it is."""
+    x = randn(device, *shape, seed=1, requires_grad=True)
+    source = x.transpose(0, 2, 1) if transposed else x
+    trailing = source.shape[source.ndim - len(axes):]
+    weight = randn(device, *trailing, seed=2, requires_grad=True)
+    bias = randn(device, *trailing, seed=3, requires_grad=True)
+    grad = randn(device, *source.shape, seed=4)
+    fused, mean, var = normalize(source, axes, 1e-3, weight, bias)
+    assert type(fused._ctx).__name__ == "AffineNormalize" and fused._ctx.inputs == (source, weight, bias)
+    x_hat, mean_alone, var_alone = normalize(source, axes, 1e-3)
+    composed = x_hat * weight + bias
+    np.testing.assert_allclose(fused.numpy(), composed.numpy(), rtol=1e-12, atol=1e-12)
+    host = x._backend.to_host
+    np.testing.assert_allclose(host(mean), host(mean_alone), rtol=1e-12, atol=1e-15)
+    np.testing.assert_allclose(host(var), host(var_alone), rtol=1e-12)
+    assert mean.shape == var.shape == mean_alone.shape
+    grads = []
+    for out in (fused, composed):
+        x.grad = weight.grad = bias.grad = None
+        out.backward(grad, retain_graph=True)  # the transpose is shared by both
+        grads.append([t.grad.numpy() for t in (x, weight, bias)])
+    for ours, expected in zip(*grads):
+        np.testing.assert_allclose(ours, expected, rtol=1e-10, atol=1e-12)
+    assert tt.gradcheck(lambda x, w, b: normalize(x.transpose(0, 2, 1) if transposed else x, axes, 1e-3, w, b)[0],
+                        [x, weight, bias])
+
+
+def test_normalize_with_frozen_weight_and_bias_gives_them_no_gradient(device) -> None:
+    x = randn(device, 3, 4, requires_grad=True)
+    weight, bias = randn(device, 4, seed=2), randn(device, 4, seed=3)
+    normalize(x, (1,), 1e-5, weight, bias)[0].sum().backward()
+    expected = x.grad.numpy()
+    x.grad = None
+    (normalize(x, (1,))[0] * weight + bias).sum().backward()
+    np.testing.assert_allclose(expected, x.grad.numpy(), rtol=1e-10, atol=1e-12)
+    assert weight.grad is None and bias.grad is None
+    with tt.no_grad():
+        assert normalize(x, (1,), 1e-5, weight, bias)[0]._ctx is None
+
+
+@pytest.mark.parametrize("axes, weight_shape, bias_shape", [((0,), (4,), (4,)), ((1,), (4,), None),
+                                                           ((1,), (3,), (3,)), ((1,), (4,), (1, 4))])
+def test_normalize_with_weight_and_bias_refuses_what_does_not_fit(axes, weight_shape, bias_shape) -> None:
+    x = tt.randn(3, 4)
+    weight = None if weight_shape is None else tt.ones(*weight_shape)
+    bias = None if bias_shape is None else tt.zeros(*bias_shape)
+    with pytest.raises(ValueError, match=re.escape(f"got x (3, 4), axes={axes}, weight {weight_shape}, "
+                                                   f"bias {bias_shape}")):
+        normalize(x, axes, 1e-5, weight, bias)
+
+
 def test_layernorm_over_several_axes(device) -> None:
     layer = to64(nn.LayerNorm((3, 4)), device)
     assert layer.weight.shape == (3, 4) and repr(layer) == "LayerNorm((3, 4), eps=1e-05)"

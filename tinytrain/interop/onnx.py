@@ -11,7 +11,7 @@ operation becomes one or a few ONNX nodes built with ``onnx.helper``:
   its result is stored in the file as a constant (*constant folding*);
 * every other one maps to ONNX operators: ``LinearFunction`` to ``Gemm``,
   ``Conv2dFunction`` to ``Conv``, ``Normalize`` to the reductions of LayerNorm's
-  formula ``(x - mean) / sqrt(var + eps)``, ``GELUTanh`` to its tanh formula, ...
+  formula ``(x - mean) / sqrt(var + eps)`` (``AffineNormalize``: then ``* weight + bias``), ``GELUTanh`` to its tanh formula, ...
 
 The graph has the shapes of ``example_inputs`` (a fixed batch and length); the
 model's parameters and buffers are stored under their ``state_dict()`` names.
@@ -219,6 +219,11 @@ def _normalize(graph: _Graph, call: Call, x: list[str]) -> str:
                                                                                                 call.params["eps"])])])])
 
 
+def _affine_normalize(graph: _Graph, call: Call, x: list[str]) -> str:
+    """A LayerNorm's ``AffineNormalize``: ``Normalize``'s formula over the trailing axes, then ``* weight + bias``."""
+    return graph.node("Add", [graph.node("Mul", [_normalize(graph, call, x[:1]), x[1]]), x[2]])
+
+
 def _embedding(graph: _Graph, call: Call, x: list[str]) -> str:
     return graph.node("Gather", [x[0], x[1]], axis=0)
 
@@ -265,6 +270,7 @@ CONVERTERS: dict[str, Callable] = {
     "AvgPool2dFunction": _pool("AveragePool"),
     "GELUTanh": _gelu_tanh,
     "Normalize": _normalize,
+    "AffineNormalize": _affine_normalize,
     "EmbeddingFunction": _embedding,
     "MaskedSoftmax": _masked_softmax,
     "Clip": _clip,

@@ -20,6 +20,9 @@ the trailing ones (BatchNorm's ``(0, 2, 3)``).
 :func:`trailing_dot` sums a product, ``(a * b).sum(...)``, without making the product:
 NumPy's ``vecdot`` multiplies and adds each row in one pass (26 us for the rows of two
 ``(768, 128)`` float32 arrays, against 36 us for the product and ``rows @ ones``).
+
+:func:`column_sum` adds the rows of a 2-D array, ``rows.sum(axis=0)``, as ``ones @ rows``
+(16 us against 31 us for ``(768, 128)`` float32): a LayerNorm's weight and bias gradients.
 """
 import math
 from typing import Any
@@ -92,3 +95,15 @@ def trailing_dot(xp: Any, a: Any, b: Any, axes: tuple[int, ...]) -> Any:
     leading = kept[:len(kept) - len(axes)]
     rows_dot = getattr(np, "vecdot", None) or (lambda x, y: np.einsum("...i,...i->...", x, y))  # vecdot: NumPy 2
     return rows_dot(a.reshape(*leading, width), b.reshape(*leading, width)).reshape(kept)
+
+
+def column_sum(xp: Any, rows: Any) -> Any:
+    """``rows.sum(axis=0)`` for a 2-D array ``rows``, by ``ones @ rows`` when it is float32 or float64.
+
+    >>> import numpy as np
+    >>> column_sum(np, np.arange(6.0).reshape(2, 3))
+    array([3., 5., 7.])
+    """
+    if rows.dtype not in _BLAS_DTYPES:
+        return rows.sum(axis=0)
+    return xp.matmul(xp.ones(rows.shape[0], dtype=rows.dtype), rows)

@@ -14,7 +14,7 @@ import numpy as np
 from tinytrain.arguments import check_int, check_number, check_type
 from tinytrain.autograd import Function
 from tinytrain.backend import sum_dtype
-from tinytrain.kernels.reductions import trailing_dot, trailing_mean
+from tinytrain.kernels.reductions import column_sum, trailing_dot, trailing_mean
 from tinytrain.nn.module import Module, Parameter
 from tinytrain.tensor import Tensor, ones, tensor, zeros
 
@@ -50,15 +50,68 @@ class Normalize(Function):
         return (grad_x,)
 
 
-def normalize(x: Tensor, axes: tuple[int, ...], eps: float = 1e-5) -> tuple[Tensor, Any, Any]:
+class AffineNormalize(Normalize):
+    """``Normalize`` over ``x``'s trailing axes, then ``* weight + bias``: a LayerNorm in one node, not three.
+
+    Given, not a student's: it runs ``Normalize``'s forward and backward (yours) on the
+    input as rows, ``(rows, n)`` with the trailing axes flattened into one (a view of a
+    contiguous input), where NumPy broadcasts the per-row statistics faster than over
+    the original axes, and applies the affine map in the same node, keeping nothing more
+    than ``Normalize`` keeps: ``x_hat`` also gives ``weight``'s gradient. Backward:
+    ``grad_weight = sum(g * x_hat)`` and ``grad_bias = sum(g)`` over the rows, and the
+    input's gradient is ``Normalize``'s backward of ``g * weight``. ``mean`` and ``var``
+    have kept dimensions, as ``normalize`` returns them; ``centered`` is ``x - mean`` as rows.
+    """
+
+    def forward(self, x: Any, weight: Any, bias: Any, mean: Any, var: Any, axes: tuple[int, ...], eps: float,
+                centered: Any) -> Any:
+        self.shape, self.weight_shape = x.shape, weight.shape
+        rows = centered.shape
+        x_hat = super().forward(x, mean.reshape(rows[0], 1), var.reshape(rows[0], 1), (1,), eps, centered)
+        self.weight = weight.reshape(rows[1])
+        out = x_hat * self.weight
+        bias = bias.reshape(rows[1])
+        out = self.xp.add(out, bias, out=out) if self.xp.result_type(out, bias) == out.dtype else out + bias
+        return out.reshape(x.shape)
+
+    def backward(self, grad: Any) -> tuple:
+        rows = grad.reshape(self.x_hat.shape)  # a view when grad is contiguous
+        needs = [t.requires_grad for t in self.inputs]
+        grad_weight = column_sum(self.xp, rows * self.x_hat).reshape(self.weight_shape) if needs[1] else None
+        grad_bias = column_sum(self.xp, rows).reshape(self.weight_shape) if needs[2] else None
+        grad_x = super().backward(rows * self.weight)[0].reshape(self.shape) if needs[0] else None
+        return grad_x, grad_weight, grad_bias
+
+
+def normalize(x: Tensor, axes: tuple[int, ...], eps: float = 1e-5, weight: Tensor | None = None,
+              bias: Tensor | None = None) -> tuple[Tensor, Any, Any]:
     """``(x_hat, mean, var)``: ``x`` standardised over ``axes``, and its mean and biased
     variance over ``axes`` as arrays with kept dimensions (outside the graph); those of a
-    bfloat16 ``x`` are float32 (``sum_dtype``: bfloat16 additions round at every step)."""
+    bfloat16 ``x`` are float32 (``sum_dtype``: bfloat16 additions round at every step).
+
+    With ``weight`` and ``bias`` (tensors of the shape of ``x``'s trailing ``axes``, which must
+    be its last ones, as a LayerNorm's are) the first result is ``x_hat * weight + bias``, one
+    node (``AffineNormalize``) instead of three; ``ValueError`` naming the shapes otherwise."""
     xp = x._backend.xp
-    mean = trailing_mean(xp, x.data, axes, sum_dtype(x.dtype))  # x.data.mean(axis=axes, keepdims=True, dtype=...)
-    centered = x.data - mean  # in the mean's dtype: float32 for bfloat16
-    var = trailing_dot(xp, centered, centered, axes) / math.prod(x.shape[axis] for axis in axes)
-    return Normalize.apply(x, mean=mean, var=var, axes=axes, eps=eps, centered=centered), mean, var
+    if weight is None and bias is None:
+        mean = trailing_mean(xp, x.data, axes, sum_dtype(x.dtype))  # x.data.mean(axis=axes, keepdims=True, ...)
+        centered = x.data - mean  # in the mean's dtype: float32 for bfloat16
+        var = trailing_dot(xp, centered, centered, axes) / math.prod(x.shape[axis] for axis in axes)
+        return Normalize.apply(x, mean=mean, var=var, axes=axes, eps=eps, centered=centered), mean, var
+    trailing = tuple(range(x.ndim - len(axes), x.ndim))
+    if (weight is None or bias is None or sorted(axis % max(x.ndim, 1) for axis in axes) != list(trailing)
+            or weight.shape != x.shape[trailing[0]:] or bias.shape != weight.shape):
+        raise ValueError(f"normalize with weight and bias needs axes that are x's last ones and a weight and a "
+                         f"bias of their shape: got x {x.shape}, axes={axes}, weight "
+                         f"{None if weight is None else weight.shape}, bias {None if bias is None else bias.shape}")
+    rows = x.data.reshape(-1, weight.data.size)  # (rows, n): the trailing axes flattened, a view
+    mean = trailing_mean(xp, rows, (1,), sum_dtype(x.dtype))
+    centered = rows - mean
+    var = trailing_dot(xp, centered, centered, (1,)) / rows.shape[1]
+    kept = (*x.shape[:trailing[0]], *(1,) * len(trailing))
+    mean, var = mean.reshape(kept), var.reshape(kept)
+    out = AffineNormalize.apply(x, weight, bias, mean=mean, var=var, axes=trailing, eps=eps, centered=centered)
+    return out, mean, var
 
 
 def _normalized_shape(shape: Any) -> tuple[int, ...]:
@@ -98,8 +151,9 @@ class LayerNorm(Module):
                 f"LayerNorm({self.normalized_shape}) expects input of shape (..., "
                 f"{', '.join(map(str, self.normalized_shape))}), got {x.shape}"
             )
-        x_hat, _, _ = normalize(x, tuple(range(x.ndim - k, x.ndim)), self.eps)
-        return x_hat * self.weight + self.bias
+        # x_hat * self.weight + self.bias, in the same node as the normalisation (section 3)
+        out, _, _ = normalize(x, tuple(range(x.ndim - k, x.ndim)), self.eps, self.weight, self.bias)
+        return out
 
     def extra_repr(self) -> str:
         return f"{self.normalized_shape}, eps={self.eps}"
