@@ -266,32 +266,40 @@ print(f"max |exact - tanh approximation| = {abs(exact - approx)[worst]:.2e} at x
 #
 # ### The backward rule
 #
-# With $t = \tanh u$ and $u' = \sqrt{2/\pi}\,(1 + 3 \cdot 0.044715\,x^2)$, the
-# product and chain rules give
+# The approximation keeps the exact form's shape, $x$ times a probability:
+# $\operatorname{GELU}(x) \approx x\,p$ with $p = \tfrac12(1 + t)$, $t = \tanh u$,
+# which stands in for $\Phi(x)$. With $u' = \sqrt{2/\pi}\,(1 + 3 \cdot 0.044715\,x^2)$
+# and $t' = (1 - t^2)\,u'$, where $1 - t^2 = (1 - t)(1 + t) = 4p(1 - p)$, its
+# derivative is $p' = \tfrac12 t' = 2p(1 - p)\,u'$, and the product rule gives
 #
-# $$\frac{d}{dx}\operatorname{GELU}(x) = \tfrac12 (1 + t) + \tfrac12 x\,(1 - t^2)\,u'.$$
+# $$\frac{d}{dx}\operatorname{GELU}(x) = p + x\,p' = p + 2x\,p\,(1 - p)\,u'
+#   \;=\; \tfrac12 (1 + t) + \tfrac12 x\,(1 - t^2)\,u'.$$
 #
 # Two implementation choices:
 #
-# * **What to save for backward.** The rule needs $x$ and $t$. Saving $t$ costs
+# * **What to save for backward.** The rule needs $x$ and $p$. Saving $p$ costs
 #   one more array the size of the input; recomputing it from $x$ costs the
-#   clip, the cubic and the tanh again. PyTorch recomputes: its fused kernel does
-#   that in registers, nearly for free. In NumPy it is nine passes over memory, a
-#   third of GELU's time forward and backward, so keep $t$ next to $x$
-#   (`self.t = t`) and pay 4 bytes per element. (Recomputing is as right: the
+#   clip, the cubic and the exponential again. PyTorch recomputes: its fused kernel does
+#   that in registers, nearly for free. In NumPy it is eight passes over memory, a
+#   third of GELU's time forward and backward, so keep $p$ next to $x$
+#   (`self.p = p`) and pay 4 bytes per element. The forward is then one product,
+#   `x * p`: written as $\tfrac12 x (1 + t)$ from $t$ it takes three passes, and a
+#   GPT training step about 2% longer. (Recomputing is as right: the
 #   checks grade that you keep the input array itself, never a copy or the
-#   clipped $x$, and at most $t$ besides.)
+#   clipped $x$, and at most $p$ or $t$ besides.)
 # * **Overflow.** $x^3$ overflows float32 once $|x| > 7 \cdot 10^{12}$: NumPy
-#   warns, and backward's $(1 - t^2)\,u'$ becomes $0 \cdot \infty =$ `nan`.
+#   warns, and backward's $p\,(1 - p)\,u'$ becomes $0 \cdot \infty =$ `nan`.
 #   But $\tanh u$ is already exactly $\pm 1$ in float32 and float64 once
-#   $|x| > 10$ ($u > 43$), so clipping $x$ to $[-10, 10]$ *inside the cubic*
-#   changes no result and removes the overflow. Backward clips too: the $x^2$ in
+#   $|x| > 10$ ($u > 43$), so $p$ is exactly 1 or 0 there, and clipping $x$ to $[-10, 10]$
+#   *inside the cubic* changes no result and removes the overflow. Backward clips too: the $x^2$ in
 #   $u'$ overflows the same way, so use $x$ clipped the same way there,
-#   `x.clip(-GELU_CLIP, GELU_CLIP)` (the given `_tanh_and_clipped`
-#   returns that next to $t$ in forward; it computes $t$ as
-#   $1 - 2/(e^{2u} + 1)$, the same value, because NumPy's vectorised `exp` is
-#   about twice as fast as its `tanh` on many CPUs).
-#   Beyond the clip, GELU is exactly $x$ (right) or $0$ (left) with slope 1 or 0.
+#   `x.clip(-GELU_CLIP, GELU_CLIP)` (the given `_cdf_and_clipped`
+#   returns that next to $p$ in forward; it computes $p$ as
+#   $1 - 1/(e^{2u} + 1)$, the same value, because NumPy's `exp` is
+#   faster than its `tanh`; multiply $x$ by $p$ or by $\tfrac12(1 + t)$ and the far left
+#   comes out exactly 0, as $1 + t$ does, where $1/(1 + e^{-2u})$ would leave $x$ times a tiny
+#   number). Beyond the clip, GELU is exactly $x$ (right) or $0$ (left) with slope 1 or 0:
+#   $p(1 - p)$ is exactly 0 there, so the clipped $x$ serves in $2x\,p\,(1 - p)\,u'$ too.
 #
 # Write `GELUTanh` as a `Function` (Module 02): `backward` returns the tuple
 # `(grad * slope,)`, and `gelu` is `GELUTanh.apply(x)`, one node in the graph.
@@ -305,16 +313,17 @@ GELU_CUBIC = 0.044715
 GELU_CLIP = 10.0  # tanh(u) is exactly +-1 beyond |x| = 10 (u > 43), in float32 and float64
 
 
-def _tanh_of_gelu_argument(xp: Any, clipped: Any) -> Any:
-    """``tanh(u)`` for ``u = sqrt(2/pi) * (c + 0.044715 * c^3)``, ``c = clipped`` (within [-10, 10]): a new array.
+def _normal_cdf_approximation(xp: Any, clipped: Any) -> Any:
+    """``p = (1 + tanh(u)) / 2`` for ``u = sqrt(2/pi) * (c + 0.044715 * c^3)``, ``c = clipped`` (within
+    [-10, 10]): GELU's stand-in for the normal CDF, a new array.
 
     Multiplying ``(e^u - e^-u) / (e^u + e^-u)`` above and below by ``e^u`` gives
-    ``tanh(u) = 1 - 2 / (exp(2u) + 1)``, the form computed here for float32 and
-    float64: NumPy's float32 ``exp`` runs on SIMD lanes where its ``tanh`` takes
-    one element at a time (on AVX2 CPUs), so it is about twice as fast, and equal
-    to ``tanh`` within a rounding (2e-7 in float32). ``|u| <= 43.6`` keeps
-    ``exp(2u)`` below 1e38, finite in float32; in float16 (mixed precision) it
-    would overflow, so float16 takes ``xp.tanh``. Every step after the first
+    ``tanh(u) = 1 - 2 / (exp(2u) + 1)``, so ``p = 1 - 1 / (exp(2u) + 1)``, the form computed
+    here for float32 and float64: NumPy's ``exp`` is faster than its ``tanh`` (1.3 against
+    2.6 ns an element in float32 on a Zen 3 core), and equal to it within a rounding (1e-7 in
+    float32). Far left, ``exp(2u) + 1`` rounds to 1 and ``p`` to exactly 0, as ``1 + tanh(u)``
+    does. ``|u| <= 43.6`` keeps ``exp(2u)`` below 1e38, finite in float32; in float16 (mixed
+    precision) it would overflow, so float16 takes ``xp.tanh``. Every step after the first
     works in place on one buffer, so a call makes one array, not seven.
     """
     # out=: an array even for a 0-d input, whose arithmetic NumPy returns as a scalar (which out= refuses)
@@ -324,58 +333,56 @@ def _tanh_of_gelu_argument(xp: Any, clipped: Any) -> Any:
         buffer += 1
         buffer *= clipped
         buffer *= SQRT_2_OVER_PI  # u
-        return xp.tanh(buffer, out=buffer)
+        xp.tanh(buffer, out=buffer)
+        buffer += 1
+        buffer *= 0.5
+        return buffer
     buffer *= 2 * SQRT_2_OVER_PI * GELU_CUBIC  # 2u = (2 sqrt(2/pi) 0.044715 c^2 + 2 sqrt(2/pi)) c: 4 passes, not 6
     buffer += 2 * SQRT_2_OVER_PI
     buffer *= clipped
     xp.exp(buffer, out=buffer)
     buffer += 1
-    xp.divide(2.0, buffer, out=buffer)
+    xp.divide(1.0, buffer, out=buffer)
     return xp.subtract(1.0, buffer, out=buffer)
 
 
 class GELUTanh(Function):
-    """GELU, tanh approximation: ``0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 x^3)))``.
+    """GELU, tanh approximation: ``0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 x^3)))``, that is ``x * p``
+    with ``p = (1 + tanh(u)) / 2``.
 
-    Backward: ``grad`` times ``0.5 * (1 + t) + 0.5 * x * (1 - t^2) * sqrt(2/pi) * (1 + 3 * 0.044715 x^2)``
-    with ``t`` the tanh above, in ``grad``'s dtype (the constants are Python floats: a
-    NumPy float64 scalar would make a float32 gradient float64). Saves the input
-    array itself (``self.x = x``, no copy: the graph holds it anyway) and ``t``
-    (``self.t``): recomputing it would cost backward nine more passes over memory.
-    ``x`` is clipped to [-10, 10] inside the cubic, where tanh is
-    already exactly +-1, so huge inputs neither overflow (no NumPy warning) nor
-    change the result.
+    Backward: ``grad`` times ``p + 2 * x * p * (1 - p) * sqrt(2/pi) * (1 + 3 * 0.044715 x^2)``, in
+    ``grad``'s dtype (the constants are Python floats: a NumPy float64 scalar would make a
+    float32 gradient float64). Saves the input array itself (``self.x = x``, no copy: the
+    graph holds it anyway) and ``p`` (``self.p``): recomputing it would cost backward eight
+    more passes over memory. ``x`` is clipped to [-10, 10] inside the cubic, where ``p`` is
+    already exactly 1 or 0, so huge inputs neither overflow (no NumPy warning) nor change
+    the result.
     """
 
-    def _tanh_and_clipped(self, x: Any) -> tuple:
-        """``(tanh(u), clip(x, -10, 10))`` for the approximation's ``u``."""
+    def _cdf_and_clipped(self, x: Any) -> tuple:
+        """``(p, clip(x, -10, 10))``: the approximation's ``p = (1 + tanh(u)) / 2``, and the clipped ``x``."""
         clipped = self.xp.clip(x, -GELU_CLIP, GELU_CLIP)
-        return _tanh_of_gelu_argument(self.xp, clipped), clipped
+        return _normal_cdf_approximation(self.xp, clipped), clipped
 
     def forward(self, x: Any) -> Any:
         ### BEGIN SOLUTION
         self.x = x
-        self.t, _ = self._tanh_and_clipped(x)  # kept for backward: never written into
-        out = self.t + 1  # a new array, then updated in place
-        out *= 0.5  # before x: 2 * x would overflow for x near float32's largest
-        out *= x
-        return out
+        self.p, _ = self._cdf_and_clipped(x)  # kept for backward: never written into
+        return x * self.p
         ### END SOLUTION
 
     def backward(self, grad: Any) -> tuple:
         ### BEGIN SOLUTION
-        x, t = self.x, self.t
-        clipped = x.clip(-GELU_CLIP, GELU_CLIP)
-        du = clipped * clipped  # u' = sqrt(2/pi) (1 + 3 * 0.044715 c^2), in place on a new array
-        du *= 3 * GELU_CUBIC * SQRT_2_OVER_PI
-        du += SQRT_2_OVER_PI
-        curve = t * t
-        curve -= 1
-        curve *= du
-        curve *= x  # -x (1 - t^2) u'
-        slope = t + 1  # a new array: self.t stays as it was, for a second backward (retain_graph)
-        slope -= curve
-        slope *= 0.5  # 0.5 (1 + t) + 0.5 x (1 - t^2) u'
+        p = self.p
+        clipped = self.x.clip(-GELU_CLIP, GELU_CLIP)  # p (1 - p) is 0 beyond the clip: x can be the clipped x
+        du = clipped * clipped  # 2 x u' = 2 sqrt(2/pi) (1 + 3 * 0.044715 c^2) c, in place on a new array
+        du *= 6 * GELU_CUBIC * SQRT_2_OVER_PI
+        du += 2 * SQRT_2_OVER_PI
+        du *= clipped
+        slope = 1 - p  # a new array: self.p stays as it was, for a second backward (retain_graph)
+        slope *= p
+        slope *= du
+        slope += p  # p + 2 x p (1 - p) u'
         return (grad * slope,)
         ### END SOLUTION
 
@@ -531,7 +538,7 @@ for temperature in (0.25, 1.0, 4.0):
 # What each one keeps, from its backward rule: ReLU needs only *where* $x > 0$,
 # which its output tells ($z > 0$ exactly there), so it keeps the output (4
 # bytes per element, where a boolean mask would take 1); sigmoid, tanh and
-# softmax reuse their output too; our GELU keeps its input and $t$ (8 bytes).
+# softmax reuse their output too; our GELU keeps its input and $p$ (8 bytes).
 
 # %%
 def saved_bytes(out: Tensor) -> int:
@@ -568,11 +575,11 @@ for name, f in [("relu", relu), ("sigmoid", sigmoid), ("tanh", tanh), ("gelu", g
 # Sigmoid and GELU take several times longer (on the machine this was written on,
 # 2.5–5x the softmaxes and 10x or more relu's time) because each is many NumPy
 # steps, each a pass over memory: sigmoid's branch-free stable form (`abs`, `exp`, `where`,
-# divide), GELU's clip, cubic and tanh. Writing a step's result into an array the
-# function itself made (`out = t + 1; out *= 0.5; out *= x` where
-# `0.5 * x * (1 + t)` makes three new arrays; never into `x`, `grad` or a saved
-# `t`) saves allocating a temporary per step: the reference GELU does its steps
-# that way. Keeping $t$ for backward, rather than recomputing it there, made
+# divide), GELU's clip, cubic and exponential. Writing a step's result into an array the
+# function itself made (`slope = 1 - p; slope *= p; slope *= du` where
+# `p * (1 - p) * du` makes three new arrays; never into `x`, `grad` or a saved
+# `p`) saves allocating a temporary per step: the reference GELU does its steps
+# that way. Keeping $p$ for backward, rather than recomputing it there, made
 # GELU's forward and backward about 1.4x faster at a GPT's sizes, for 4 more
 # bytes per element: it *trades memory for time*, the reverse of gradient
 # checkpointing in Module 13. All of them are still small next to the matrix
@@ -590,10 +597,10 @@ for name, f in [("relu", relu), ("sigmoid", sigmoid), ("tanh", tanh), ("gelu", g
 # `F.gelu` defaults to the exact erf form (`approximate="none"`); ours is
 # `approximate="tanh"`, which is what GPT-2 and many transformer codebases use.
 # The layer classes `nn.ReLU()`, `nn.GELU()`, `nn.Softmax(dim)` wrap the same
-# functions (our versions come in Module 04). PyTorch's GELU backward also
-# saves only the input and recomputes, like ours; its fused C++/CUDA kernels do
-# each activation in one pass over memory, where ours makes a NumPy temporary per
-# arithmetic step.
+# functions (our versions come in Module 04). PyTorch's GELU saves only the
+# input and recomputes $\tanh u$ in backward, where ours keeps $p$: its fused
+# C++/CUDA kernels do each activation in one pass over memory, nearly free to
+# repeat, where ours makes a NumPy pass per arithmetic step.
 #
 # ## Summary
 #
@@ -602,6 +609,7 @@ for name, f in [("relu", relu), ("sigmoid", sigmoid), ("tanh", tanh), ("gelu", g
 #   is at most $\tfrac14$, so gradients shrink geometrically with depth.
 #   ReLU's slope is 1 where active, 0 where not (dead units).
 # * GELU $\approx \tfrac12 x(1 + \tanh(\sqrt{2/\pi}(x + 0.044715x^3)))$, within
-#   $5\cdot10^{-4}$ of $x\Phi(x)$; its backward recomputes tanh to save memory.
+#   $5\cdot10^{-4}$ of $x\Phi(x)$: $x\,p$ with $p = \tfrac12(1 + \tanh u)$, kept for backward,
+#   whose slope is $p + 2x\,p(1 - p)\,u'$.
 # * Softmax turns scores into probabilities; subtract the maximum first, and
 #   compute log-probabilities with log-sum-exp, never as `log(softmax)`.

@@ -15,19 +15,28 @@ def tanh(x):
 
 class GELUTanh:
     def forward(self, x):
-        self.x = x
-        t, clipped = self._tanh_and_clipped(x)
-        return 0.5 * x * (1 + t)
+        p, _ = self._cdf_and_clipped(x)
+        self.x = x  # the input array itself, no copy
+        self.p = p
+        return x * p
 
     def backward(self, grad):
-        x = self.x
-        t, clipped = self._tanh_and_clipped(x)
-        du = SQRT_2_OVER_PI * (1 + 3 * GELU_CUBIC * clipped * clipped)
-        slope = 0.5 * (1 + t) + 0.5 * x * (1 - t * t) * du
-        return (grad * slope,)
+        x, p = self.x, self.p
+        clipped = self.xp.clip(x, -GELU_CLIP, GELU_CLIP)  # no overflow in x**2; p(1 - p) is 0 beyond the clip
+        du = SQRT_2_OVER_PI * (1.0 + 3.0 * GELU_CUBIC * clipped * clipped)
+        slope = p + 2.0 * clipped * p * (1.0 - p) * du
+        result = grad * slope
+        if result.dtype != grad.dtype:
+            result = result.astype(grad.dtype)
+        return (result,)
 
 
 def gelu(x, approximate="tanh"):
+    if approximate != "tanh":
+        raise ValueError(
+            f"gelu(approximate={approximate!r}) is not supported: only the tanh approximation "
+            "(approximate='tanh') is available, since NumPy has no vectorised erf"
+        )
     return GELUTanh.apply(x)
 
 
