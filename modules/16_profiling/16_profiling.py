@@ -1371,10 +1371,10 @@ for family in ("LinearFunction", "MatMul", "GELUTanh", "MaskedSoftmax"):
 #   small product pays a call's overhead and reuses little data;
 # * **elementwise ops with few FLOPs and much time** — `GELUTanh` and its
 #   backward, `MaskedSoftmax`: their FLOPs are a rounding error next to the
-#   products', yet they take a visible share of the step. NumPy evaluates
-#   `tanh` element by element through a general-purpose routine, and GELU's
+#   products', yet they take a visible share of the step. On many CPUs NumPy
+#   evaluates `exp` element by element through a general-purpose routine, and GELU's
 #   formula and its backward make a dozen passes over a $(B, T, 4C)$ array: the
-#   time goes to reading and writing memory and to `tanh`, not to arithmetic.
+#   time goes to reading and writing memory and to `exp`, not to arithmetic.
 #   How large their share is depends on the machine — its BLAS, its cores,
 #   what else runs on it: on one, GELU leads the table; on another, attention's
 #   `MatMul`s and the `LinearFunction` backwards do, and GELU is a small share.
