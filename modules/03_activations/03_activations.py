@@ -284,7 +284,7 @@ print(f"max |exact - tanh approximation| = {abs(exact - approx)[worst]:.2e} at x
 #   third of GELU's time forward and backward, so keep $p$ next to $x$
 #   (`self.p = p`) and pay 4 bytes per element. The forward is then one product,
 #   `x * p`: written as $\tfrac12 x (1 + t)$ from $t$ it takes three passes, and a
-#   GPT training step about 2% longer. (Recomputing is as right: the
+#   GPT training step 2-3% longer. (Recomputing is as right: the
 #   checks grade that you keep the input array itself, never a copy or the
 #   clipped $x$, and at most $p$ or $t$ besides.)
 # * **Overflow.** $x^3$ overflows float32 once $|x| > 7 \cdot 10^{12}$: NumPy
