@@ -409,6 +409,13 @@ def test_normalize_with_frozen_weight_and_bias_gives_them_no_gradient(device) ->
         assert normalize(x, (1,), 1e-5, weight, bias)[0]._ctx is None
 
 
+def test_normalize_with_weight_and_bias_on_another_device_raises(device) -> None:
+    if device == "cpu":
+        pytest.skip("needs a second device")
+    with pytest.raises(RuntimeError, match="same device"):
+        normalize(tt.randn(3, 4), (1,), 1e-5, tt.ones(4, device=device), tt.zeros(4, device=device))
+
+
 @pytest.mark.parametrize("axes, weight_shape, bias_shape", [((0,), (4,), (4,)), ((1,), (4,), None),
                                                            ((1,), (3,), (3,)), ((1,), (4,), (1, 4))])
 def test_normalize_with_weight_and_bias_refuses_what_does_not_fit(axes, weight_shape, bias_shape) -> None:

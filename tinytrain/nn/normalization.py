@@ -60,7 +60,8 @@ class AffineNormalize(Normalize):
     than ``Normalize`` keeps: ``x_hat`` also gives ``weight``'s gradient. Backward:
     ``grad_weight = sum(g * x_hat)`` and ``grad_bias = sum(g)`` over the rows, and the
     input's gradient is ``Normalize``'s backward of ``g * weight``. ``mean`` and ``var``
-    have kept dimensions, as ``normalize`` returns them; ``centered`` is ``x - mean`` as rows.
+    have kept dimensions, as ``normalize`` returns them; ``centered`` is ``x - mean`` as rows;
+    ``axes`` (the trailing ones) is kept for readers of the graph, such as the ONNX export.
     """
 
     def forward(self, x: Any, weight: Any, bias: Any, mean: Any, var: Any, axes: tuple[int, ...], eps: float,
@@ -104,6 +105,7 @@ def normalize(x: Tensor, axes: tuple[int, ...], eps: float = 1e-5, weight: Tenso
         raise ValueError(f"normalize with weight and bias needs axes that are x's last ones and a weight and a "
                          f"bias of their shape: got x {x.shape}, axes={axes}, weight "
                          f"{None if weight is None else weight.shape}, bias {None if bias is None else bias.shape}")
+    weight, bias = x._operand(weight), x._operand(bias)  # RuntimeError for a tensor on another device
     rows = x.data.reshape(-1, weight.data.size)  # (rows, n): the trailing axes flattened, a view
     mean = trailing_mean(xp, rows, (1,), sum_dtype(x.dtype))
     centered = rows - mean
