@@ -94,23 +94,24 @@ def normalize(x: Tensor, axes: tuple[int, ...], eps: float = 1e-5, weight: Tenso
     be its last ones, as a LayerNorm's are) the first result is ``x_hat * weight + bias``, one
     node (``AffineNormalize``) instead of three; ``ValueError`` naming the shapes otherwise."""
     xp = x._backend.xp
-    if weight is None and bias is None:
-        mean = trailing_mean(xp, x.data, axes, sum_dtype(x.dtype))  # x.data.mean(axis=axes, keepdims=True, ...)
-        centered = x.data - mean  # in the mean's dtype: float32 for bfloat16
-        var = trailing_dot(xp, centered, centered, axes) / math.prod(x.shape[axis] for axis in axes)
+    affine = weight is not None or bias is not None
+    if affine:
+        trailing = tuple(range(x.ndim - len(axes), x.ndim))
+        if (weight is None or bias is None or sorted(axis % max(x.ndim, 1) for axis in axes) != list(trailing)
+                or weight.shape != x.shape[trailing[0]:] or bias.shape != weight.shape):
+            raise ValueError(f"normalize with weight and bias needs axes that are x's last ones and a weight and a "
+                             f"bias of their shape: got x {x.shape}, axes={axes}, weight "
+                             f"{None if weight is None else weight.shape}, bias {None if bias is None else bias.shape}")
+        weight, bias = x._operand(weight), x._operand(bias)  # RuntimeError for a tensor on another device
+        source, over = x.data.reshape(-1, weight.data.size), (1,)  # (rows, n): the trailing axes flattened, a view
+    else:
+        source, over = x.data, axes
+    mean = trailing_mean(xp, source, over, sum_dtype(x.dtype))  # source.mean(axis=over, keepdims=True, dtype=...)
+    centered = source - mean  # in the mean's dtype: float32 for bfloat16
+    var = trailing_dot(xp, centered, centered, over) / math.prod(source.shape[axis] for axis in over)
+    if not affine:
         return Normalize.apply(x, mean=mean, var=var, axes=axes, eps=eps, centered=centered), mean, var
-    trailing = tuple(range(x.ndim - len(axes), x.ndim))
-    if (weight is None or bias is None or sorted(axis % max(x.ndim, 1) for axis in axes) != list(trailing)
-            or weight.shape != x.shape[trailing[0]:] or bias.shape != weight.shape):
-        raise ValueError(f"normalize with weight and bias needs axes that are x's last ones and a weight and a "
-                         f"bias of their shape: got x {x.shape}, axes={axes}, weight "
-                         f"{None if weight is None else weight.shape}, bias {None if bias is None else bias.shape}")
-    weight, bias = x._operand(weight), x._operand(bias)  # RuntimeError for a tensor on another device
-    rows = x.data.reshape(-1, weight.data.size)  # (rows, n): the trailing axes flattened, a view
-    mean = trailing_mean(xp, rows, (1,), sum_dtype(x.dtype))
-    centered = rows - mean
-    var = trailing_dot(xp, centered, centered, (1,)) / rows.shape[1]
-    kept = (*x.shape[:trailing[0]], *(1,) * len(trailing))
+    kept = (*x.shape[:trailing[0]], *(1,) * len(trailing))  # the statistics with x's kept dimensions
     mean, var = mean.reshape(kept), var.reshape(kept)
     out = AffineNormalize.apply(x, weight, bias, mean=mean, var=var, axes=trailing, eps=eps, centered=centered)
     return out, mean, var
