@@ -10,6 +10,10 @@ to the token embedding, GELU's tanh approximation, LayerNorm eps 1e-5.
   only). PyTorch's side is nanoGPT's model: ``F.scaled_dot_product_attention``
   (its fused causal kernel), ``torch.nn.utils.clip_grad_norm_`` and
   ``torch.optim.AdamW`` with the same two parameter groups.
+* Evaluation batch: 64 windows of 64 token ids, as the milestone's periodic
+  evaluations take them (``Trainer.evaluate``: eval mode, no gradients, the
+  cross-entropy over all 4,096 positions). The forward alone, at 5.3 times the
+  training batch: the milestone's 2,000 steps run 160 of these.
 * One generated token at a 256-token context (``block_size`` 256, batch 1), as
   ``GPT.generate`` takes it: the logits of the last position, ``next_token_probs``
   and ``sample``. With the KV cache the model runs on the one new token against
@@ -18,9 +22,9 @@ to the token embedding, GELU's tanh approximation, LayerNorm eps 1e-5.
   runs all 256 tokens.
 
 Both sides start from the same weights (GPT-2's initialisation, drawn here with
-NumPy) and ids and compute in float32; their first three losses and the
-generated token's logits are checked to agree before the timings count. One
-BLAS thread; each side runs in processes of its own, timed in turns (see
+NumPy) and ids and compute in float32; their first three losses, the
+evaluation batch's losses and the generated token's logits are checked to agree
+before the timings count. One BLAS thread; each side runs in processes of its own, timed in turns (see
 ``_timing.lockstep_medians``).
 
     python benchmarks/gpt_step.py [--quick] [--json PATH]
@@ -41,6 +45,7 @@ import numpy as np  # noqa: E402
 
 VOCAB, LAYERS, HEADS, EMBED = 65, 4, 4, 128
 BATCH, CONTEXT = 12, 64  # training
+EVAL_BATCH = 64  # windows per evaluation batch, the milestone's
 GENERATION_CONTEXT = 256  # the generated token's context (and block_size)
 LR, BETAS, WEIGHT_DECAY, CLIP = 1e-3, (0.9, 0.99), 0.1, 1.0
 TARGETS = {"train_vs_torch": 1.0, "cache_speedup": 3.0}  # at most; at least
@@ -102,6 +107,23 @@ def tinytrain_train() -> Callable[[], float]:
         loss.backward()
         clip_grad_norm(model.parameters(), CLIP)
         optimizer.step()
+        return loss.item()
+
+    return step
+
+
+def tinytrain_eval() -> Callable[[], float]:
+    """One evaluation batch: the mean cross-entropy of ``EVAL_BATCH`` windows in eval mode, without gradients."""
+    import tinytrain as tt
+
+    model = tinytrain_model(CONTEXT)
+    model.eval()
+    ids = token_ids(EVAL_BATCH, CONTEXT)
+    inputs, targets = tt.tensor(ids[:, :-1]), tt.tensor(ids[:, 1:])
+
+    def step() -> float:
+        with tt.no_grad():
+            _, loss = model(inputs, targets)
         return loss.item()
 
     return step
@@ -213,6 +235,21 @@ def torch_train() -> Callable[[], float]:
     return step
 
 
+def torch_eval() -> Callable[[], float]:
+    torch = torch_or_none()
+    model = torch_model(CONTEXT)
+    model.eval()
+    ids = torch.from_numpy(token_ids(EVAL_BATCH, CONTEXT))
+    inputs, targets = ids[:, :-1].contiguous(), ids[:, 1:].contiguous()
+
+    def step() -> float:
+        with torch.no_grad():
+            _, loss = model(inputs, targets)
+        return loss.item()
+
+    return step
+
+
 def torch_token() -> Callable[[], list[float]]:
     """nanoGPT's ``generate`` for one token: no cache, the whole context through the model."""
     torch = torch_or_none()
@@ -230,6 +267,7 @@ def torch_token() -> Callable[[], list[float]]:
 
 
 BUILDERS = {"tinytrain": tinytrain_train, "torch": torch_train}
+EVAL_BUILDERS = {"tinytrain": tinytrain_eval, "torch": torch_eval}
 TOKEN_BUILDERS = {"cached": lambda: tinytrain_token(True), "uncached": lambda: tinytrain_token(False),
                   "torch": torch_token}
 
@@ -237,6 +275,11 @@ TOKEN_BUILDERS = {"cached": lambda: tinytrain_token(True), "uncached": lambda: t
 def build(name: str) -> Callable[[], float]:
     """Entry point of a benchmark process: the training iteration of implementation ``name``."""
     return BUILDERS[name]()
+
+
+def build_eval(name: str) -> Callable[[], float]:
+    """Entry point of a benchmark process: the evaluation batch of implementation ``name``."""
+    return EVAL_BUILDERS[name]()
 
 
 def build_token(name: str) -> Callable[[], list[float]]:
@@ -251,16 +294,30 @@ def _check_agree(results: dict[str, dict[str, Any]], reference: str, what: str) 
                                  f"{results[reference]['first']}")
 
 
+def _measure_sides(entry: str, what: str, quick: bool, with_torch: bool) -> dict[str, dict[str, Any]]:
+    """tinytrain's and PyTorch's step from ``gpt_step:entry``, timed in turns; AssertionError when their
+    results differ."""
+    names = ["tinytrain"] + (["torch"] if with_torch else [])
+    results = lockstep_medians({name: (f"gpt_step:{entry}", (name,)) for name in names},
+                               repeats=10 if quick else 30, warmup=3, inner=1)
+    _check_agree(results, "tinytrain", what)
+    return results
+
+
 def measure(quick: bool = False, with_torch: bool = True) -> dict[str, dict[str, Any]]:
     """Per implementation: median ``seconds`` per training iteration, ``first`` losses, ``spread``.
 
     Raises AssertionError when PyTorch's first three losses differ from tinytrain's.
     """
-    names = ["tinytrain"] + (["torch"] if with_torch else [])
-    results = lockstep_medians({name: ("gpt_step:build", (name,)) for name in names},
-                               repeats=10 if quick else 30, warmup=3, inner=1)
-    _check_agree(results, "tinytrain", "training iteration")
-    return results
+    return _measure_sides("build", "training iteration", quick, with_torch)
+
+
+def measure_eval(quick: bool = False, with_torch: bool = True) -> dict[str, dict[str, Any]]:
+    """Per implementation: median ``seconds`` per evaluation batch, ``first`` losses, ``spread``.
+
+    Raises AssertionError when PyTorch's losses differ from tinytrain's.
+    """
+    return _measure_sides("build_eval", "evaluation batch", quick, with_torch)
 
 
 def measure_token(quick: bool = False, with_torch: bool = True) -> dict[str, dict[str, Any]]:
@@ -277,6 +334,15 @@ def measure_token(quick: bool = False, with_torch: bool = True) -> dict[str, dic
     return results
 
 
+def _print_times(title: str, results: dict[str, dict[str, Any]], unit: str) -> None:
+    """``title``, then each implementation's median ms per ``unit`` and its processes' medians, and their spread."""
+    print(title)
+    for name, found in results.items():
+        print(f"  {name:10s} {found['seconds'] * 1e3:8.2f} ms/{unit}  (processes: "
+              + ", ".join(f"{s * 1e3:.2f}" for s in found["process_seconds"]) + ")")
+    print(f"  {spread_note(results)}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer repeats")
@@ -284,25 +350,23 @@ def main() -> None:
     args = parser.parse_args()
     with_torch = torch_or_none() is not None
     train = measure(args.quick, with_torch)
-    print(f"GPT training iteration: {LAYERS} layers, {HEADS} heads, {EMBED}-dim, vocab {VOCAB}, batch {BATCH} x "
-          f"{CONTEXT} tokens, AdamW + clipping; one thread")
-    for name, found in train.items():
-        print(f"  {name:10s} {found['seconds'] * 1e3:8.2f} ms/iteration  (processes: "
-              + ", ".join(f"{s * 1e3:.2f}" for s in found["process_seconds"]) + ")")
-    print(f"  {spread_note(train)}")
+    _print_times(f"GPT training iteration: {LAYERS} layers, {HEADS} heads, {EMBED}-dim, vocab {VOCAB}, batch {BATCH} x "
+                 f"{CONTEXT} tokens, AdamW + clipping; one thread", train, "iteration")
     report: dict[str, Any] = {"train": train, "targets": TARGETS}
     if with_torch:
         report["train_vs_torch"] = train["tinytrain"]["seconds"] / train["torch"]["seconds"]
         print(f"  tinytrain / PyTorch: {report['train_vs_torch']:.2f}x (target <= {TARGETS['train_vs_torch']}x)")
     else:
         print("  PyTorch not installed: no PyTorch ratio (pip install torch to compare)")
-    token = measure_token(args.quick, with_torch)
-    print(f"One generated token at a {GENERATION_CONTEXT}-token context, batch 1")
-    for name, found in token.items():
-        print(f"  {name:10s} {found['seconds'] * 1e3:8.2f} ms/token  (processes: "
-              + ", ".join(f"{s * 1e3:.2f}" for s in found["process_seconds"]) + ")")
-    print(f"  {spread_note(token)}")
-    report["token"] = token
+    report["eval"] = evaluation = measure_eval(args.quick, with_torch)
+    _print_times(f"GPT evaluation batch: {EVAL_BATCH} x {CONTEXT} tokens, eval mode, no gradients; one thread",
+                 evaluation, "batch")
+    if with_torch:
+        report["eval_vs_torch"] = evaluation["tinytrain"]["seconds"] / evaluation["torch"]["seconds"]
+        print(f"  tinytrain / PyTorch: {report['eval_vs_torch']:.2f}x (no target of its own: the milestone's, "
+              "which counts its evaluations)")
+    report["token"] = token = measure_token(args.quick, with_torch)
+    _print_times(f"One generated token at a {GENERATION_CONTEXT}-token context, batch 1", token, "token")
     report["cache_speedup"] = token["uncached"]["seconds"] / token["cached"]["seconds"]
     print(f"  KV cache: {report['cache_speedup']:.1f}x faster per token (target >= {TARGETS['cache_speedup']}x)")
     if args.json:

@@ -17,6 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import cnn_epoch  # noqa: E402
 import conv_layer  # noqa: E402
 import gpt_milestone  # noqa: E402
+import gpt_step  # noqa: E402
 import mlp_step  # noqa: E402
 import student_library  # noqa: E402
 from _timing import torch_or_none  # noqa: E402
@@ -53,6 +54,23 @@ def test_mlp_step_sides_compute_the_same_losses_and_the_column_major_numpy_keeps
     cells = dict(zip(step.__code__.co_freevars, (cell.cell_contents for cell in step.__closure__)))
     for weight, buffer in zip(cells["params"][::2], cells["buffers"][::2]):
         assert weight.flags.f_contiguous and not weight.flags.c_contiguous and buffer.flags.f_contiguous
+
+
+def test_gpt_evaluation_batch_is_the_milestones_loss_on_64_windows_and_pytorch_agrees() -> None:
+    """The evaluation step is the mean cross-entropy over every position of 64 windows, computed the way the
+    milestone's loss computes it from the logits, and PyTorch's side gets the same number."""
+    import tinytrain as tt
+
+    loss = gpt_step.tinytrain_eval()()
+    model = gpt_step.tinytrain_model(gpt_step.CONTEXT)
+    ids = gpt_step.token_ids(gpt_step.EVAL_BATCH, gpt_step.CONTEXT)
+    assert ids.shape == (64, gpt_step.CONTEXT + 1)
+    with tt.no_grad():
+        logits = model(tt.tensor(ids[:, :-1]))
+        expected = tt.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), tt.tensor(ids[:, 1:]).reshape(-1))
+    assert loss == pytest.approx(expected.item(), rel=1e-6)
+    if torch_or_none() is not None:
+        assert gpt_step.torch_eval()() == pytest.approx(loss, rel=1e-4)
 
 
 def test_cnn_epoch_runs_the_milestone_on_data_of_the_datasets_shape(monkeypatch, tmp_path) -> None:
@@ -102,7 +120,7 @@ def test_run_records_the_blas_kernels_and_who_chose_them(monkeypatch) -> None:
     report = {"machine": machine, "command": "c"}
     monkeypatch.setattr(run, "rows", lambda report: [])
     monkeypatch.setattr(run, "spread_note", lambda results: "")
-    report.update(mlp_step={}, gpt={"train": {}, "token": {}}, autograd={}, cnn=None)
+    report.update(mlp_step={}, gpt={"train": {}, "eval": {}, "token": {}}, autograd={}, cnn=None)
     assert "NumPy " + np.__version__ + " (BLAS: openblas 0.3.31, SkylakeX kernels)" in run.markdown(report)
 
 
