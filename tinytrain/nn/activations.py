@@ -146,10 +146,11 @@ def gelu(x: Tensor, approximate: str = "tanh") -> Tensor:
 def softmax(x: Tensor, axis: int = -1) -> Tensor:
     """Softmax along ``axis``: ``exp(x_i) / sum_j exp(x_j)``.
 
-    Positive values that sum to 1 along ``axis``. Computed as
-    ``softmax(x - max(x))``, which is equal and never overflows, with tensor
-    operations on ``x``'s device (no ``x.numpy()``). The result is part of the
-    graph: its gradient flows back to ``x``.
+    Positive values that sum to 1 along ``axis``. Module 02's ``Tensor.softmax``
+    is this operation already, forward and backward: it computes
+    ``softmax(x - max(x))``, which is equal and never overflows, on ``x``'s
+    device (no ``x.numpy()``); here it gets its public name. The result is part
+    of the graph: its gradient flows back to ``x``.
     """
     return x.softmax(axis)
 
@@ -158,8 +159,9 @@ def softmax(x: Tensor, axis: int = -1) -> Tensor:
 def log_softmax(x: Tensor, axis: int = -1) -> Tensor:
     """Log-softmax along ``axis``: ``x_i - log(sum_j exp(x_j))``.
 
-    Computed with the log-sum-exp trick, ``(x_i - m) - log(sum_j exp(x_j - m))``
-    with ``m = max(x)``, so it is finite wherever ``x`` is, unlike
-    ``log(softmax(x))``. The result is part of the graph, like ``softmax``'s.
+    Module 02's ``Tensor.log_softmax``, given its public name: the log-sum-exp
+    trick, ``(x_i - m) - log(sum_j exp(x_j - m))`` with ``m = max(x)``, so it is
+    finite wherever ``x`` is, unlike ``log(softmax(x))``. The result is part of
+    the graph, like ``softmax``'s.
     """
     return x.log_softmax(axis)
