@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
 import subprocess
@@ -171,7 +172,7 @@ def collect(quick: bool) -> dict[str, Any]:
     else:
         report["cnn"] = report["conv_layers"] = report["cnn_epoch"] = None
 
-    print("GPT iteration and token ...", flush=True)
+    print("GPT iteration, evaluation batch and token ...", flush=True)
     report["gpt"] = {"train": gpt_step.measure(quick, with_torch), "eval": gpt_step.measure_eval(quick, with_torch),
                      "token": gpt_step.measure_token(quick, with_torch)}
     print("GPT milestone ...", flush=True)
@@ -242,8 +243,9 @@ def rows(report: dict[str, Any]) -> list[dict[str, Any]]:
     gpt_train, gpt_token = report["gpt"]["train"], report["gpt"]["token"]
     add(f"GPT iteration, {gpt_step.LAYERS} layers x {gpt_step.EMBED}, batch {gpt_step.BATCH} x {gpt_step.CONTEXT}, "
         "AdamW + clipping", "ms", seconds(gpt_train), 1e3, {"torch": TARGETS["gpt_vs_torch"]})
-    add(f"GPT evaluation batch, {gpt_step.EVAL_BATCH} x {gpt_step.CONTEXT}, no gradients (160 in the milestone)", "ms",
-        seconds(report["gpt"]["eval"]), 1e3)
+    batches = gpt_milestone.EVAL_BATCHES * math.ceil(gpt_milestone.STEPS / gpt_milestone.EVAL_EVERY)
+    add(f"GPT evaluation batch, {gpt_step.EVAL_BATCH} x {gpt_step.CONTEXT}, no gradients ({batches} in the milestone)",
+        "ms", seconds(report["gpt"]["eval"]), 1e3)
     context = gpt_step.GENERATION_CONTEXT
     add(f"GPT token at a {context}-token context, KV cache", "ms",
         {"tinytrain": gpt_token["cached"]["seconds"], "numpy": None, "torch": None}, 1e3)
@@ -333,7 +335,8 @@ def markdown(report: dict[str, Any]) -> str:
     lines += ["", "Ratios compare times (memory for the memory rows): below 1x tinytrain is faster or smaller. "
               "Checkpoints: NumPy is `np.savez`/`np.load`, PyTorch `torch.save`/`torch.load`, on a RAM disk.", ""]
     timed = {"MLP step": report["mlp_step"], "GPT iteration": report["gpt"]["train"],
-             "GPT evaluation batch": report["gpt"]["eval"], "GPT token": report["gpt"]["token"], "autograd overhead": report["autograd"]}
+             "GPT evaluation batch": report["gpt"]["eval"], "GPT token": report["gpt"]["token"],
+             "autograd overhead": report["autograd"]}
     timed.update({f"CNN step {shape}": figures["steps"] for shape, figures in (report["cnn"] or {}).items()})
     lines += [f"{figure}: {spread_note(results)}." for figure, results in timed.items()]
     return "\n".join(lines)

@@ -67,7 +67,8 @@ def test_gpt_evaluation_batch_is_the_milestones_loss_on_64_windows_and_pytorch_a
     assert ids.shape == (64, gpt_step.CONTEXT + 1)
     with tt.no_grad():
         logits = model(tt.tensor(ids[:, :-1]))
-        expected = tt.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), tt.tensor(ids[:, 1:]).reshape(-1))
+        targets = tt.tensor(ids[:, 1:]).reshape(-1)
+        expected = tt.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets)
     assert loss == pytest.approx(expected.item(), rel=1e-6)
     if torch_or_none() is not None:
         assert gpt_step.torch_eval()() == pytest.approx(loss, rel=1e-4)
