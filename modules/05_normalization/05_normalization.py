@@ -23,7 +23,8 @@
 #    `LayerNorm` (per sample) and `BatchNorm1d` (per channel over the batch, with
 #    running averages for evaluation);
 # 3. see what normalisation does to the activations of a deep network, and
-#    measure what fusing the normalisation saves in time and memory.
+#    measure what fusing the normalisation saves in time and memory, and what a
+#    compiled loop saves beyond that.
 
 # %%
 import time
@@ -33,6 +34,7 @@ import numpy as np
 
 import tinytrain as tt
 from tinytrain import Tensor
+from tinytrain.kernels.layer_norm import compiled_kernels_available, use_compiled_kernels
 from tinytrain.nn import Linear, ReLU, Sequential
 
 # %% [markdown]
@@ -167,7 +169,9 @@ print("dropout OK")
 # then the affine map: `x_hat * self.weight + self.bias` is right. The given
 # `normalize(x, axes, eps, weight, bias)` does the same in one node,
 # `AffineNormalize`, which runs your `Normalize` and the affine map together
-# (section 3 measures why); either passes.
+# (section 3 measures why); either passes. Where numba is installed, the library's
+# LayerNorm runs a compiled loop of the same formulas instead of your `Normalize`
+# (section 3 again); the graded checks grade your `Normalize` on its own.
 
 # %% export="nn/normalization"
 """Normalisation: one fused operation (``Normalize``), ``LayerNorm`` and ``BatchNorm1d``.
@@ -184,6 +188,7 @@ import numpy as np
 from tinytrain.arguments import check_int, check_number, check_type
 from tinytrain.autograd import Function
 from tinytrain.backend import sum_dtype
+from tinytrain.kernels import layer_norm as layer_norm_kernel
 from tinytrain.kernels.reductions import column_sum, trailing_dot, trailing_mean
 from tinytrain.nn.module import Module, Parameter
 from tinytrain.tensor import Tensor, ones, tensor, zeros
@@ -233,11 +238,21 @@ class AffineNormalize(Normalize):
     input's gradient is ``Normalize``'s backward of ``g * weight``. ``mean`` and ``var``
     have kept dimensions, as ``normalize`` returns them; ``centered`` is ``x - mean`` as rows;
     ``axes`` (the trailing ones) is kept for readers of the graph, such as the ONNX export.
+
+    ``compiled``: instead of ``centered``, what ``normalize`` got from the compiled loops
+    (``kernels/layer_norm.py``, numba) -- the output, ``x_hat`` and ``s`` as rows; the node
+    keeps the last two and its backward runs the compiled loop too.
     """
 
+    compiled = False  # whether forward adopted the compiled loops' results
+
     def forward(self, x: Any, weight: Any, bias: Any, mean: Any, var: Any, axes: tuple[int, ...], eps: float,
-                centered: Any) -> Any:
+                centered: Any = None, compiled: tuple[Any, Any, Any] | None = None) -> Any:
         self.shape, self.weight_shape = x.shape, weight.shape
+        if compiled is not None:
+            out, self.x_hat, self.inv_std = compiled
+            self.weight, self.compiled = weight.reshape(-1), True
+            return out.reshape(x.shape)
         rows = centered.shape
         x_hat = super().forward(x, mean.reshape(rows[0], 1), var.reshape(rows[0], 1), (1,), eps, centered)
         self.weight = weight.reshape(rows[1])
@@ -249,6 +264,10 @@ class AffineNormalize(Normalize):
     def backward(self, grad: Any) -> tuple:
         rows = grad.reshape(self.x_hat.shape)  # a view when grad is contiguous
         needs = [t.requires_grad for t in self.inputs]
+        if self.compiled:
+            grads = layer_norm_kernel.backward_rows(rows, self.x_hat, self.inv_std, self.weight)
+            shapes = (self.shape, self.weight_shape, self.weight_shape)
+            return tuple(g.reshape(shape) if need else None for g, shape, need in zip(grads, shapes, needs))
         grad_weight = column_sum(self.xp, rows * self.x_hat).reshape(self.weight_shape) if needs[1] else None
         grad_bias = column_sum(self.xp, rows).reshape(self.weight_shape) if needs[2] else None
         grad_x = super().backward(rows * self.weight)[0].reshape(self.shape) if needs[0] else None
@@ -275,6 +294,14 @@ def normalize(x: Tensor, axes: tuple[int, ...], eps: float = 1e-5, weight: Tenso
                              f"{None if weight is None else weight.shape}, bias {None if bias is None else bias.shape}")
         weight, bias = x._operand(weight), x._operand(bias)  # RuntimeError for a tensor on another device
         source, over = x.data.reshape(-1, weight.data.size), (1,)  # (rows, n): the trailing axes flattened, a view
+        kept = (*x.shape[:trailing[0]], *(1,) * len(trailing))  # the statistics with x's kept dimensions
+        if layer_norm_kernel.fits(x.data, weight.data, bias.data):  # numba installed, NumPy float arrays: section 3
+            out, x_hat, mean, var, inv_std = layer_norm_kernel.forward_rows(source, weight.data.reshape(-1),
+                                                                            bias.data.reshape(-1), eps)
+            mean, var = mean.reshape(kept), var.reshape(kept)
+            out = AffineNormalize.apply(x, weight, bias, mean=mean, var=var, axes=trailing, eps=eps,
+                                        compiled=(out, x_hat, inv_std))
+            return out, mean, var
     else:
         source, over = x.data, axes
     mean = trailing_mean(xp, source, over, sum_dtype(x.dtype))  # source.mean(axis=over, keepdims=True, dtype=...)
@@ -282,7 +309,6 @@ def normalize(x: Tensor, axes: tuple[int, ...], eps: float = 1e-5, weight: Tenso
     var = trailing_dot(xp, centered, centered, over) / math.prod(source.shape[axis] for axis in over)
     if not affine:
         return Normalize.apply(x, mean=mean, var=var, axes=axes, eps=eps, centered=centered), mean, var
-    kept = (*x.shape[:trailing[0]], *(1,) * len(trailing))  # the statistics with x's kept dimensions
     mean, var = mean.reshape(kept), var.reshape(kept)
     out = AffineNormalize.apply(x, weight, bias, mean=mean, var=var, axes=trailing, eps=eps, centered=centered)
     return out, mean, var
@@ -606,25 +632,75 @@ def one_node(x: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
     return normalize(x, (2,), 1e-5, weight, bias)[0]
 
 
+def median_time(fn, *args: Tensor) -> float:
+    """The median of 50 forward + backward passes, in seconds."""
+    samples = []
+    for _ in range(50):
+        start = time.perf_counter()
+        fn(*args).backward(grad)
+        samples.append(time.perf_counter() - start)
+    return sorted(samples)[len(samples) // 2]
+
+
 x = tt.randn(12, 64, 128, requires_grad=True)
 weight, bias = tt.randn(128, requires_grad=True), tt.randn(128, requires_grad=True)
 grad = tt.randn(12, 64, 128)
 times = {}
-for name, fn in (("three nodes", three_nodes), ("one node", one_node)):
-    samples = []
-    for _ in range(50):
-        start = time.perf_counter()
-        fn(x, weight, bias).backward(grad)
-        samples.append(time.perf_counter() - start)
-    times[name] = sorted(samples)[len(samples) // 2]
-    print(f"{name:11s} forward + backward {times[name] * 1e6:5.0f} us (median of 50)")
+with use_compiled_kernels(False):  # your Normalize in both forms (the compiled loop comes next)
+    for name, fn in (("three nodes", three_nodes), ("one node", one_node)):
+        times[name] = median_time(fn, x, weight, bias)
+        print(f"{name:11s} forward + backward {times[name] * 1e6:5.0f} us (median of 50)")
+    np.testing.assert_allclose(three_nodes(x, weight, bias).numpy(), one_node(x, weight, bias).numpy(), atol=1e-5)
 print(f"one node / three nodes: {times['one node'] / times['three nodes']:.2f}")
-np.testing.assert_allclose(three_nodes(x, weight, bias).numpy(), one_node(x, weight, bias).numpy(), atol=1e-5)
 
 # %% [markdown]
 # On a 2-core machine the single node took 0.75 to 0.95 of the three nodes' time
 # here, and inside a whole GPT training step, where the arrays no longer sit in
 # the processor's caches, the step ran 2-3% faster with it (nine LayerNorms a step).
+#
+# ### A compiled loop
+#
+# Even as one node, every NumPy operation reads and writes a whole array: over
+# these 12 x 64 x 128 float32 numbers (384 KiB) a pass costs 20-30 us, and the
+# LayerNorm makes about five passes forward (subtract the mean, scale by $s$,
+# multiply by the weight, add the bias, plus two reductions) and ten backward.
+# PyTorch's LayerNorm is a C++ loop that reads each row once forward and once
+# backward. `tinytrain/kernels/layer_norm.py` (given) writes this section's
+# formulas as two such loops over the rows,
+# $$\mu, \sigma^2 \to \hat x = (x - \mu)\,s,\ \ y = \hat x\,\gamma + \beta
+# \qquad\text{and}\qquad
+# \bar x = s\left(g\gamma - \operatorname{mean}(g\gamma) - \hat x\,\operatorname{mean}(g\gamma\hat x)\right),$$
+# with $\bar\gamma$ and $\bar\beta$ summed on the way, and numba compiles them to
+# machine code the first time they run (a second or two, cached on disk for the
+# next process). `normalize` runs them when numba is installed and the input,
+# weight and bias are NumPy float32 or float64 arrays; everything else (CuPy,
+# bfloat16, no numba) runs your `Normalize`. They add in another order, so the
+# results agree with yours to rounding, not bit for bit. Measure both on the
+# same activations; `use_compiled_kernels(False)` switches the loops off:
+
+
+# %%
+if compiled_kernels_available():
+    for compiled in (False, True):
+        with use_compiled_kernels(compiled):
+            one_node(x, weight, bias).backward(grad)  # the first call compiles the loops (or loads them)
+            times[compiled] = median_time(one_node, x, weight, bias)
+            outputs = one_node(x, weight, bias).numpy()
+        np.testing.assert_allclose(outputs, three_nodes(x, weight, bias).numpy(), rtol=1e-4, atol=1e-5)
+        print(f"{'compiled loops' if compiled else 'your Normalize'}: forward + backward {times[compiled] * 1e6:5.0f} us")
+    print(f"compiled / yours: {times[True] / times[False]:.2f}")
+else:
+    print("numba is not installed (pip install 'tinytrain[compiled]'): every LayerNorm runs your Normalize")
+
+# %% [markdown]
+# On a 2-core machine the loops took a quarter to 0.3 of your node's time here
+# (0.17-0.2 ms against 0.55-0.72 ms), and a whole GPT training step of the
+# milestone's model (nine LayerNorms) ran about 3% faster with them, the steps
+# taking turns in one process. That is the price of NumPy's
+# one-operation-at-a-time model, and why frameworks fuse: PyTorch by writing
+# kernels by hand, `torch.compile` by generating them. Your `Normalize` is the
+# specification; the loop is a faster way to run it, checked against it
+# (`tests/test_kernels_layer_norm.py`).
 #
 # ## How PyTorch does it
 #
@@ -643,3 +719,5 @@ np.testing.assert_allclose(three_nodes(x, weight, bias).numpy(), one_node(x, wei
 #   backward is $s(g - \bar g - \hat x\,\overline{g\hat x})$.
 # * Without normalisation, a deep stack of default-initialised layers shrinks its
 #   signal by a constant factor per layer; with it, every layer sees the same scale.
+# * NumPy pays a pass over memory per operation; a compiled loop of the same
+#   formulas (numba, `use_compiled_kernels`) reads each row once, as PyTorch's kernel does.

@@ -14,6 +14,7 @@ import numpy as np
 from tinytrain.arguments import check_int, check_number, check_type
 from tinytrain.autograd import Function
 from tinytrain.backend import sum_dtype
+from tinytrain.kernels import layer_norm as layer_norm_kernel
 from tinytrain.kernels.reductions import column_sum, trailing_dot, trailing_mean
 from tinytrain.nn.module import Module, Parameter
 from tinytrain.tensor import Tensor, ones, tensor, zeros
@@ -62,11 +63,21 @@ class AffineNormalize(Normalize):
     input's gradient is ``Normalize``'s backward of ``g * weight``. ``mean`` and ``var``
     have kept dimensions, as ``normalize`` returns them; ``centered`` is ``x - mean`` as rows;
     ``axes`` (the trailing ones) is kept for readers of the graph, such as the ONNX export.
+
+    ``compiled``: instead of ``centered``, what ``normalize`` got from the compiled loops
+    (``kernels/layer_norm.py``, numba) -- the output, ``x_hat`` and ``s`` as rows; the node
+    keeps the last two and its backward runs the compiled loop too.
     """
 
+    compiled = False  # whether forward adopted the compiled loops' results
+
     def forward(self, x: Any, weight: Any, bias: Any, mean: Any, var: Any, axes: tuple[int, ...], eps: float,
-                centered: Any) -> Any:
+                centered: Any = None, compiled: tuple[Any, Any, Any] | None = None) -> Any:
         self.shape, self.weight_shape = x.shape, weight.shape
+        if compiled is not None:
+            out, self.x_hat, self.inv_std = compiled
+            self.weight, self.compiled = weight.reshape(-1), True
+            return out.reshape(x.shape)
         rows = centered.shape
         x_hat = super().forward(x, mean.reshape(rows[0], 1), var.reshape(rows[0], 1), (1,), eps, centered)
         self.weight = weight.reshape(rows[1])
@@ -78,6 +89,10 @@ class AffineNormalize(Normalize):
     def backward(self, grad: Any) -> tuple:
         rows = grad.reshape(self.x_hat.shape)  # a view when grad is contiguous
         needs = [t.requires_grad for t in self.inputs]
+        if self.compiled:
+            grads = layer_norm_kernel.backward_rows(rows, self.x_hat, self.inv_std, self.weight)
+            shapes = (self.shape, self.weight_shape, self.weight_shape)
+            return tuple(g.reshape(shape) if need else None for g, shape, need in zip(grads, shapes, needs))
         grad_weight = column_sum(self.xp, rows * self.x_hat).reshape(self.weight_shape) if needs[1] else None
         grad_bias = column_sum(self.xp, rows).reshape(self.weight_shape) if needs[2] else None
         grad_x = super().backward(rows * self.weight)[0].reshape(self.shape) if needs[0] else None
@@ -104,6 +119,14 @@ def normalize(x: Tensor, axes: tuple[int, ...], eps: float = 1e-5, weight: Tenso
                              f"{None if weight is None else weight.shape}, bias {None if bias is None else bias.shape}")
         weight, bias = x._operand(weight), x._operand(bias)  # RuntimeError for a tensor on another device
         source, over = x.data.reshape(-1, weight.data.size), (1,)  # (rows, n): the trailing axes flattened, a view
+        kept = (*x.shape[:trailing[0]], *(1,) * len(trailing))  # the statistics with x's kept dimensions
+        if layer_norm_kernel.fits(x.data, weight.data, bias.data):  # numba installed, NumPy float arrays: section 3
+            out, x_hat, mean, var, inv_std = layer_norm_kernel.forward_rows(source, weight.data.reshape(-1),
+                                                                            bias.data.reshape(-1), eps)
+            mean, var = mean.reshape(kept), var.reshape(kept)
+            out = AffineNormalize.apply(x, weight, bias, mean=mean, var=var, axes=trailing, eps=eps,
+                                        compiled=(out, x_hat, inv_std))
+            return out, mean, var
     else:
         source, over = x.data, axes
     mean = trailing_mean(xp, source, over, sum_dtype(x.dtype))  # source.mean(axis=over, keepdims=True, dtype=...)
@@ -111,7 +134,6 @@ def normalize(x: Tensor, axes: tuple[int, ...], eps: float = 1e-5, weight: Tenso
     var = trailing_dot(xp, centered, centered, over) / math.prod(source.shape[axis] for axis in over)
     if not affine:
         return Normalize.apply(x, mean=mean, var=var, axes=axes, eps=eps, centered=centered), mean, var
-    kept = (*x.shape[:trailing[0]], *(1,) * len(trailing))  # the statistics with x's kept dimensions
     mean, var = mean.reshape(kept), var.reshape(kept)
     out = AffineNormalize.apply(x, weight, bias, mean=mean, var=var, axes=trailing, eps=eps, centered=centered)
     return out, mean, var
