@@ -5,6 +5,7 @@ the package in a temporary folder (first on ``PYTHONPATH``), never on this check
 """
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -220,6 +221,16 @@ def test_doctor_gives_a_fix_for_each_problem(tmp_path: Path, monkeypatch, capsys
     lines = capsys.readouterr().out.splitlines()
     failure = next(index for index, line in enumerate(lines) if line.startswith("[FAIL] dataset cache"))
     assert lines[failure + 1].strip().startswith("fix: export TINYTRAIN_DATA=")
+
+
+def test_doctor_names_a_missing_numba_and_what_runs_without_it(monkeypatch) -> None:
+    from tinytrain.course import doctor
+
+    found = importlib.util.find_spec
+    monkeypatch.setattr(doctor.importlib.util, "find_spec", lambda name: None if name == "numba" else found(name))
+    [finding] = doctor._check_tools(None)
+    assert finding.level == "WARN" and "numba (LayerNorm's compiled loops" in finding.what, finding
+    assert "tinytrain[notebooks]" in finding.fix
 
 
 # -- export, reset and a broken package, on a copy ------------------------------------------------------

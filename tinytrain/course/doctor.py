@@ -186,6 +186,7 @@ def _check_tools(root: Path | None) -> list[Finding]:
         "matplotlib": "the lessons' plots",
         "tqdm": "progress bars",
         "ipywidgets": "progress bars as widgets in JupyterLab",
+        "numba": "LayerNorm's compiled loops, Module 05 (without it, your Normalize runs every LayerNorm)",
     }
     missing = [name for name in needed if importlib.util.find_spec(name) is None]
     if not missing:
