@@ -40,6 +40,7 @@ _DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 _enabled = True  # what use_compiled_kernels() switches
 
 
+@functools.cache  # every LayerNorm asks: a search of sys.path each time would cost more than the loops
 def compiled_kernels_available() -> bool:
     """Whether numba is installed (it is imported only when a kernel first runs)."""
     return importlib.util.find_spec("numba") is not None
