@@ -108,6 +108,22 @@ def test_compiled_layer_norm_passes_gradcheck_and_leaves_frozen_tensors_without_
 
 
 @needs_numba
+def test_a_nan_or_inf_in_a_row_gives_nan_in_that_row_as_the_students_normalize_does() -> None:
+    """The loops keep nan and inf (no `fastmath=True`, which would let the compiler assume there are none)."""
+    x = _array((4, 8), np.float32)
+    x[1, 3], x[2, 5] = np.nan, np.inf
+    results = []
+    for compiled in (True, False):
+        with layer_norm.use_compiled_kernels(compiled), np.errstate(invalid="ignore"):  # NumPy's inf - inf
+            source = _tensor(x, requires_grad=True)
+            out = normalize(source, (1,), 1e-5, _tensor(np.ones(8, np.float32)), _tensor(np.zeros(8, np.float32)))[0]
+            out.backward(_tensor(np.ones_like(x)))
+        results.append((np.isnan(out.numpy()), np.isnan(source.grad.numpy())))
+    for got, expected in zip(*results):
+        assert np.array_equal(got, expected) and got[[1, 2]].all() and not got[[0, 3]].any(), (got, expected)
+
+
+@needs_numba
 def test_layer_norm_matches_pytorch_with_the_compiled_loops() -> None:
     torch = pytest.importorskip("torch")
     x, g = _array((12, 64, 128), np.float32), _array((12, 64, 128), np.float32, seed=1)

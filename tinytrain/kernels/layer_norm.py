@@ -23,11 +23,12 @@ The formulas are the lesson's, over the ``n`` numbers of a row::
               grad_x = s (g' - mean(g') - x_hat mean(g' x_hat))
               grad_weight = sum over rows of g x_hat, grad_bias = sum over rows of g
 
-Sums run in the array's own dtype, as NumPy's do, and ``fastmath`` lets the compiler
-reorder them into SIMD lanes: results agree with the NumPy path to rounding (a few
-float32 ulps), not bit for bit. Compiled on first use, one version per dtype, and
-cached on disk next to this file (numba's ``cache=True``), so a later process loads
-it in milliseconds.
+Sums run in the array's own dtype, as NumPy's do, and the compiler may reorder them
+into SIMD lanes (numba's ``fastmath`` flags, less the promise of no nan or inf, so a
+nan or inf in a row gives nan there, as NumPy's arithmetic does): results agree with
+the NumPy path to rounding (a few float32 ulps), not bit for bit. Compiled on first
+use, one version per dtype (about 2 s), and cached on disk next to this file
+(numba's ``cache=True``); a later process loads it in a fraction of a second.
 """
 import contextlib
 import functools
@@ -94,7 +95,7 @@ def backward_rows(grad: Any, x_hat: Any, inv_std: Any, weight: Any) -> tuple[Any
 
 # -- the loops: plain Python that numba compiles (each runs as written, only slowly, without it) ----------------------
 def _forward_loop(rows, weight, bias, eps, n, out, x_hat, mean, var, inv_std):  # noqa: ANN001, ANN202
-    zero = n - n  # of the rows' dtype, as every constant below: a float64 literal would widen float32 sums
+    zero, one = n - n, n / n  # of the rows' dtype, as every constant here: a float64 literal would widen float32 sums
     for i in range(rows.shape[0]):
         total = zero
         for j in range(rows.shape[1]):
@@ -105,7 +106,7 @@ def _forward_loop(rows, weight, bias, eps, n, out, x_hat, mean, var, inv_std):  
             centered = rows[i, j] - mu
             squares += centered * centered
         variance = squares / n
-        s = n / n / np.sqrt(variance + eps)
+        s = one / np.sqrt(variance + eps)
         mean[i], var[i], inv_std[i] = mu, variance, s
         for j in range(rows.shape[1]):
             h = (rows[i, j] - mu) * s
@@ -137,5 +138,7 @@ def _compiled() -> tuple[Any, Any]:
     """The two loops compiled by numba (imported here: 0.3 s, paid only by a process that uses them)."""
     import numba
 
-    compile_loop = numba.njit(cache=True, fastmath=True, nogil=True)
+    # the sums may be reordered into SIMD lanes (reassoc) and fused (contract); not `fastmath=True`, whose
+    # promise of no nan or inf would let the compiler drop what a nan in the input must give (nan, as NumPy's)
+    compile_loop = numba.njit(cache=True, fastmath={"reassoc", "contract", "nsz", "arcp"}, nogil=True)
     return compile_loop(_forward_loop), compile_loop(_backward_loop)
