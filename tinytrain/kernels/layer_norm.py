@@ -2,7 +2,7 @@
 
 Hand-written, not a student's: Module 05's ``normalize(x, axes, eps, weight, bias)``
 runs these when numba is installed (``pip install tinytrain[compiled]``; the
-milestones' and the tests' extras include it) and the input, weight and bias are
+milestones', notebooks' and tests' extras include it) and the input, weight and bias are
 NumPy arrays of one dtype, float32 or float64. Everything else -- CuPy, the strict
 test device, bfloat16, numba missing, or inside ``use_compiled_kernels(False)`` --
 runs the student's ``Normalize`` as before. The lesson measures both.
